@@ -1,0 +1,33 @@
+# Set-up and the two main commands. Everything installs from PyPI / this machine's wheel cache.
+PY ?= python3
+VENV ?= .venv
+VPY = $(VENV)/bin/python
+STAMP = $(VENV)/.installed
+
+.PHONY: setup demo test test-slow bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q "torch==2.13.0"
+	$(VPY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+## The main job: train a small CNN on the xla device (CPU PJRT backend).
+demo: $(STAMP)
+	PJRT_DEVICE=CPU $(VPY) examples/train_mnist_xla.py --fake_data --num_epochs 1 --num_steps 60
+
+## The test suite (fast; slow sweeps are marked and run by `make test-slow`).
+test: $(STAMP)
+	PJRT_DEVICE=CPU $(VPY) -m pytest -q tests
+
+test-slow: $(STAMP)
+	PJRT_DEVICE=CPU $(VPY) -m pytest -q -m slow tests
+
+bench: $(STAMP)
+	PJRT_DEVICE=CPU $(VPY) bench/run_all.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

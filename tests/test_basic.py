@@ -1,0 +1,38 @@
+import copy
+
+import pytest
+import torch
+
+import torch_xla
+import torch_xla.core.xla_model as xm
+import torch_xla.debug.metrics as met
+
+from helpers import assert_same, check_op
+
+
+def test_spec_add_prints_device():
+    t1 = torch.tensor(100, device=xm.xla_device())
+    t2 = torch.tensor(200, device=xm.xla_device())
+    assert repr(t1 + t2) == "tensor(300, device='xla:0')"
+
+
+def test_randn_device():
+    t = torch.randn(2, 2, device=xm.xla_device())
+    assert t.device == torch.device("xla:0")
+    assert t.shape == (2, 2) and t.dtype == torch.float32
+
+
+def test_arithmetic_matches_cpu():
+    a = torch.randn(4, 5)
+    b = torch.randn(4, 5)
+    check_op(lambda x, y: (x + y) * 2 - y / 3, a, b)
+    check_op(lambda x: x.int() + 1.5, a)
+    check_op(lambda x, y: torch.where(x > y, x, y), a, b)
+
+
+def test_item_tolist_numpy():
+    a = torch.arange(6.0).reshape(2, 3)
+    x = a.to("xla:0")
+    assert x.sum().item() == a.sum().item()
+    assert x.tolist() == a.tolist()
+    assert (x.cpu().numpy() == a.numpy()).all()

@@ -1,0 +1,82 @@
+"""Debugging entry points users call as `torch_xla._XLAC._...`."""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+
+from ._engine import graph_executor, ir, tensor as _tensor
+from ._engine.tensor import state_of
+
+
+def _roots(tensors: Optional[List[torch.Tensor]]):
+    if tensors is None:
+        states = _tensor.pending.take_live()
+        _tensor.pending.restore(states)
+    else:
+        states = [state_of(t) for t in tensors]
+    return [(s.node, s.idx) for s in states]
+
+
+def _get_xla_tensors_text(tensors: List[torch.Tensor]) -> str:
+    """The IR graph computing `tensors`, one node per line."""
+    roots = _roots(tensors)
+    order = ir.post_order([n for n, _ in roots])
+    names = {}
+    lines = ["IR {"]
+    for n in order:
+        names[id(n)] = f"%{len(names)}"
+        shapes = ", ".join(f"{_dt(d)}[{','.join(map(str, s))}]" for s, d in
+                           (a for a in n.avals if a is not None))
+        if type(n) is ir.DeviceData:
+            desc = "xla::device_data()"
+        elif type(n) is ir.ScalarParam:
+            desc = f"xla::device_data(), scalar={n.value}"
+        elif type(n) is ir.Constant:
+            desc = f"prim::Constant(), value={n.value}"
+        else:
+            ops = ", ".join(f"{names[id(o)]}" + (f".{i}" if len(o.avals) > 1 else "") for o, i in n.operands)
+            statics = [a for a in n.args if not isinstance(a, ir.Ref) and not (isinstance(a, tuple) and a and isinstance(a[0], ir.Ref))]
+            desc = f"{n.op}({ops})" + (f", args={statics}" if statics else "")
+        lines.append(f"  {names[id(n)]} = {shapes} {desc}")
+    lines.append("  ROOT = (" + ", ".join(f"{names[id(n)]}" for n, _ in roots) + ")")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _dt(d):
+    return {torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16", torch.float16: "f16",
+            torch.int64: "s64", torch.int32: "s32", torch.int16: "s16", torch.int8: "s8",
+            torch.uint8: "u8", torch.bool: "pred"}.get(d, str(d).replace("torch.", ""))
+
+
+def _get_xla_tensors_hlo(tensors: Optional[List[torch.Tensor]]) -> str:
+    """The program computing `tensors`, as StableHLO text."""
+    return graph_executor.lower_text(_roots(tensors))
+
+
+def _get_stablehlo_bytecode(tensors: Optional[List[torch.Tensor]]) -> bytes:
+    from jax._src.interpreters import mlir  # noqa: F401
+    lowered = graph_executor.lowered(_roots(tensors))
+    ir_module = lowered.compiler_ir("stablehlo")
+    import io
+    buf = io.BytesIO()
+    ir_module.operation.write_bytecode(buf)
+    return buf.getvalue()
+
+
+def _xla_metrics_report() -> str:
+    from .debug import metrics
+    return metrics.metrics_report()
+
+
+def _xla_sync_multi(tensors, devices=(), wait=True, sync_xla_data=True):
+    graph_executor.sync(wait=wait, states=[state_of(t) for t in tensors])
+
+
+def _xla_get_default_device() -> str:
+    return "xla:0"
+
+
+def _xla_graph_executor_cache_size() -> int:
+    return graph_executor.cache_size()

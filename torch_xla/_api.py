@@ -1,0 +1,111 @@
+"""The top-level `torch_xla` functions: devices, barriers, compile, launch, seeds."""
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Callable, List, Optional
+
+import torch
+
+from ._engine import graph_executor, metrics, rng, runtime
+
+
+def device(index: Optional[int] = None) -> torch.device:
+    """Returns a given instance of an XLA device (`xla:0` by default)."""
+    if index is None:
+        index = 0
+    n = len(runtime.local_devices())
+    if index < 0 or index >= max(n, 1):
+        raise ValueError(f"xla device index {index} out of range: this process has {n} device(s)")
+    return torch.device("xla", index)
+
+
+def devices() -> List[torch.device]:
+    """All XLA devices visible to this process."""
+    return [torch.device("xla", i) for i in range(len(runtime.local_devices()))]
+
+
+def device_count() -> int:
+    """The number of XLA devices visible to this process."""
+    return len(runtime.local_devices())
+
+
+def real_devices() -> List[str]:
+    """The hardware devices behind the XLA devices, e.g. ['CPU:0']."""
+    p = runtime.platform()
+    return [f"{p}:{i}" for i in range(len(runtime.local_devices()))]
+
+
+def is_xla_tensor(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type == "xla"
+
+
+def sync(wait: bool = False, reset_scope: bool = True) -> None:
+    """Launches all pending graph operations (the barrier, same as `xm.mark_step()`)."""
+    graph_executor.sync(wait=wait)
+
+
+@contextlib.contextmanager
+def _step_cm():
+    sync()
+    try:
+        yield
+    finally:
+        sync()
+
+
+def step():
+    """Wraps one training step: pending work is launched on entry and on exit.
+
+    Usable as `with torch_xla.step():` or as a decorator.
+    """
+    return _step_cm()
+
+
+class _Compiled:
+    def __init__(self, fn: Callable, full_graph: bool, name: Optional[str]):
+        self.fn = fn
+        self.full_graph = full_graph
+        self.name = name or getattr(fn, "__name__", "compiled")
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args, **kwargs):
+        from .experimental import eager as _eager
+        sync()
+        before = metrics.counters.get("ExecuteCount", 0)
+        with _eager.lazy_scope():
+            result = self.fn(*args, **kwargs)
+        if self.full_graph:
+            extra = metrics.counters.get("ExecuteCount", 0) - before
+            if extra:
+                raise RuntimeError(
+                    f"torch_xla.compile({self.name!r}, full_graph=True): the function was split into "
+                    f"{extra + 1} graphs; a host read (item(), print, .cpu()) or a fallback inside it "
+                    f"forced execution before the end")
+        sync()
+        return result
+
+
+def compile(f: Optional[Callable] = None, full_graph: bool = False, name: Optional[str] = None,
+            num_different_graphs_allowed: Optional[int] = None):
+    """Compiles `f` with the lazy tensor tracer: one graph per call, launched at return.
+
+    With `full_graph=True`, an execution forced inside `f` is an error.
+    """
+    if f is None:
+        return functools.partial(compile, full_graph=full_graph, name=name,
+                                 num_different_graphs_allowed=num_different_graphs_allowed)
+    return _Compiled(f, full_graph, name)
+
+
+def manual_seed(seed: int, device: Optional[torch.device] = None) -> None:
+    """Seeds the device random number generator."""
+    rng.set_seed(seed)
+
+
+def launch(fn: Callable, args: tuple = (), start_method: str = "spawn", debug_single_process: bool = False):
+    """Runs `fn(index, *args)` once per device (in this process when there is one device)."""
+    if debug_single_process or runtime.world_size_env() <= 1:
+        return fn(0, *args)
+    from .distributed import xla_multiprocessing as xmp
+    return xmp.spawn(fn, args=args, start_method=start_method)

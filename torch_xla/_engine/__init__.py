@@ -1,0 +1,1 @@
+"""The engine under the public modules: device, tensor, IR, lowering, graph executor, runtime, metrics."""

@@ -1,0 +1,88 @@
+"""Registers the `xla` device with PyTorch.
+
+PrivateUse1 is renamed to `xla` and given a Python device guard, hooks and device
+module, as torch.utils.backend_registration does for Python backends (its method
+generation step is skipped: the names it would add already exist for `xla`).
+"""
+from __future__ import annotations
+
+import torch
+
+_done = False
+
+
+class _Hooks(torch._C._acc.PrivateUse1Hooks):
+    def is_available(self) -> bool:
+        return True
+
+    def has_primary_context(self, dev_id) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+
+class _Guard(torch._C._acc.DeviceGuard):
+    def type_(self):
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+class DeviceModule:
+    """`torch.xla`: what PyTorch asks a device module for."""
+
+    @staticmethod
+    def is_initialized() -> bool:
+        return True
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+    @staticmethod
+    def current_device() -> int:
+        return 0
+
+    @staticmethod
+    def _is_in_bad_fork() -> bool:
+        return False
+
+    @staticmethod
+    def device_count() -> int:
+        from . import runtime
+        return len(runtime.local_devices())
+
+    @staticmethod
+    def manual_seed_all(seed: int) -> None:
+        from . import rng
+        rng.set_seed(seed)
+
+    @staticmethod
+    def manual_seed(seed: int) -> None:
+        from . import rng
+        rng.set_seed(seed)
+
+    @staticmethod
+    def get_rng_state(device="xla"):
+        from . import rng
+        return torch.tensor([rng.get_seed()], dtype=torch.int64)
+
+    @staticmethod
+    def set_rng_state(state, device="xla"):
+        from . import rng
+        rng.set_seed(int(state.reshape(-1)[0]))
+
+    @staticmethod
+    def synchronize(device=None) -> None:
+        from . import graph_executor
+        graph_executor.sync(wait=True)
+
+
+def register() -> None:
+    global _done
+    if _done:
+        return
+    _done = True
+    torch.utils.rename_privateuse1_backend("xla")
+    torch._register_device_module("xla", DeviceModule())
+    torch._C._acc.register_python_privateuseone_hook(_Hooks())
+    torch._C._acc.register_python_privateuseone_device_guard(_Guard())

@@ -1,0 +1,529 @@
+"""Aten kernels for the `xla` (PrivateUse1) dispatch key.
+
+Every overload in the lowering table gets a generic kernel that turns the call into
+an IR node: tensor arguments become operands, Scalars become graph parameters (or
+constants for 0 and 1), everything else is a static argument. Output shapes and
+dtypes come from a cache filled once per (op, input avals, static args) by running
+PyTorch's meta kernel, so shape errors surface here, at the op's line, with
+PyTorch's own exception. Ops without a lowering run on the CPU (the fallback) and
+count as `aten::<op>`. Factories and transfers have their own kernels below.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Dict, Optional
+
+import numpy as np
+import torch
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+from . import ir, metrics, runtime, rng
+from .lowering import LOWERINGS, Lowering, load_all
+from .tensor import (XlaState, make_tensor, pending, state_of, unwrap, wrap_user, _is_functional)
+
+T, OT, LT, LOT, S, OS, X = range(7)
+_KIND_OF_TYPE = {
+    "Tensor": T, "Optional[Tensor]": OT, "List[Tensor]": LT, "List[Optional[Tensor]]": LOT,
+    "number": S, "Optional[number]": OS,
+}
+_DEFAULT_KIND = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
+_NO_SPECIAL_SCALARS = os.environ.get("XLA_NO_SPECIAL_SCALARS", "0") not in ("", "0")
+_META = torch.device("meta")
+_XLA0 = None
+# Eager mode (torch_xla.experimental.eager_mode): run each op as it is traced.
+EAGER = [False]
+EAGER_DEFAULT = [False]
+
+
+class ShapeEntry:
+    """What the meta kernel told us about one (op, avals, statics) combination."""
+    __slots__ = ("avals", "structure", "common", "fallback")
+
+    def __init__(self, avals, structure, common, fallback=False):
+        self.avals = avals
+        self.structure = structure  # "one" | "tuple" | "list"
+        self.common = common
+        self.fallback = fallback
+
+
+def _freeze(v):
+    if isinstance(v, list):
+        return tuple(_freeze(x) for x in v)
+    if isinstance(v, torch.SymInt):
+        return int(v)
+    return v
+
+
+def _xla_device():
+    global _XLA0
+    if _XLA0 is None:
+        _XLA0 = torch.device("xla", 0)
+    return _XLA0
+
+
+def _scalar_state(t: torch.Tensor) -> XlaState:
+    """A 0-d CPU tensor mixed with XLA tensors: it becomes a graph parameter."""
+    v = t.item()
+    node = ir.ScalarParam(v, t.dtype)
+    return XlaState(node, 0, (), t.dtype)
+
+
+def _tensor_state(t, op_name):
+    if t.device.type == "xla":
+        try:
+            return t._xla
+        except AttributeError:
+            return state_of(t)
+    if t.dim() == 0 and t.device.type == "cpu":
+        return None  # handled by the caller as a wrapped scalar
+    raise RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two devices, "
+        f"xla:0 and {t.device}! (when checking argument for {op_name})")
+
+
+class OpKernel:
+    """The kernel of one lowered aten overload."""
+
+    def __init__(self, op: torch._ops.OpOverload, low: Lowering):
+        self.op = op
+        self.low = low
+        self.name = op.name()  # aten::add.Tensor
+        schema = op._schema
+        self.arg_names = [a.name for a in schema.arguments]
+        self.kinds = tuple(_KIND_OF_TYPE.get(str(a.type), X) for a in schema.arguments)
+        self.defaults = [a.default_value if a.has_default_value() else None for a in schema.arguments]
+        self.index_of = {n: i for i, n in enumerate(self.arg_names)}
+        self.static_idx = frozenset(self.index_of[n] for n in low.static if n in self.index_of)
+        self.kinds = tuple(X if i in self.static_idx else k for i, k in enumerate(self.kinds))
+        self.nargs = len(self.arg_names)
+        self.cache: Dict[Any, ShapeEntry] = {}
+        self.counter_name = "aten::" + op._schema.name.split("::")[-1]
+        self.has_scalars = any(k in (S, OS) for k in self.kinds)
+        # Factories (no tensor inputs) are called outside functionalization: wrap results.
+        self.is_factory = not any(k in (T, OT, LT, LOT) for k in self.kinds)
+
+    # -- the hot path -------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        n = len(args)
+        if n < self.nargs or kwargs:
+            args = list(args) + self.defaults[n:]
+            for k, v in kwargs.items():
+                args[self.index_of[k]] = v
+        operands = []
+        argv = []
+        key = [self.name]
+        scalars = None
+        kinds = self.kinds
+        for i in range(self.nargs):
+            kind = kinds[i]
+            v = args[i]
+            if kind == T and not isinstance(v, torch.Tensor):
+                kind = S  # a wrapped Python number
+            if kind == T:
+                s = _tensor_state(v, self.name)
+                if s is None:
+                    s = _scalar_state(v)
+                    key.append(("cpu0d", s.dtype))
+                else:
+                    key.append((s.shape, s.dtype))
+                argv.append(ir.ref(len(operands)))
+                operands.append((s.node, s.idx))
+            elif kind == X:
+                v = _freeze(v)
+                argv.append(v)
+                key.append(v)
+            elif kind == S or kind == OS:
+                if v is None:
+                    argv.append(None)
+                    key.append(None)
+                elif isinstance(v, torch.Tensor):
+                    v = v.item()
+                    if scalars is None:
+                        scalars = []
+                    scalars.append((len(argv), v))
+                    argv.append(None)
+                    key.append(type(v))
+                elif (v == 0 or v == 1) and not _NO_SPECIAL_SCALARS and not isinstance(v, complex):
+                    argv.append(v)
+                    key.append((type(v), v))
+                else:
+                    if scalars is None:
+                        scalars = []
+                    scalars.append((len(argv), v))
+                    argv.append(None)  # filled below, once the param dtype is known
+                    key.append(type(v))
+            elif kind == OT:
+                if v is None:
+                    argv.append(None)
+                    key.append(None)
+                else:
+                    s = _tensor_state(v, self.name)
+                    if s is None:
+                        s = _scalar_state(v)
+                    argv.append(ir.ref(len(operands)))
+                    operands.append((s.node, s.idx))
+                    key.append((s.shape, s.dtype))
+            else:  # LT / LOT
+                refs = []
+                for t in v:
+                    if t is None:
+                        refs.append(None)
+                        key.append(None)
+                        continue
+                    s = _tensor_state(t, self.name)
+                    if s is None:
+                        s = _scalar_state(t)
+                    refs.append(ir.ref(len(operands)))
+                    operands.append((s.node, s.idx))
+                    key.append((s.shape, s.dtype))
+                argv.append(tuple(refs))
+                key.append(len(refs))
+        key = tuple(key)
+        entry = self.cache.get(key)
+        if entry is None:
+            entry = self._infer(args)
+            self.cache[key] = entry
+        if entry.fallback:
+            return cpu_fallback(self.op, args, {})
+        if scalars is not None:
+            dt = entry.common
+            for pos, v in scalars:
+                argv[pos] = ir.ref(len(operands))
+                operands.append((ir.ScalarParam(v, dt), 0))
+        if self.low.random:
+            seed, counter = rng.next_op()
+            argv.append(ir.ref(len(operands)))
+            operands.append((rng.seed_node(), 0))
+            argv.append(counter)
+        node = ir.Node(self.name, tuple(operands), tuple(argv), entry.avals, self.low,
+                       entry.common if self.low.promote else None)
+        st = entry.structure
+        if st == "one" and not EAGER[0]:
+            shape, dtype = entry.avals[0]
+            out = make_tensor(node, 0, shape, dtype)
+            return wrap_user(out) if self.is_factory else out
+        outs = [None if a is None else make_tensor(node, i, a[0], a[1]) for i, a in enumerate(entry.avals)]
+        if EAGER[0]:
+            from . import graph_executor
+            graph_executor.execute([o._xla for o in outs if o is not None])
+        if self.is_factory:
+            outs = [wrap_user(o) if o is not None else None for o in outs]
+        if st == "one":
+            return outs[0]
+        return tuple(outs) if st == "tuple" else outs
+
+    # -- the cold path: shape inference -------------------------------------------
+    def _infer(self, args) -> ShapeEntry:
+        margs = []
+        promo = []
+        for i, kind in enumerate(self.kinds):
+            v = args[i]
+            if kind == T and not isinstance(v, torch.Tensor):
+                kind = S
+            if kind in (T, OT):
+                if v is None:
+                    margs.append(None)
+                else:
+                    m = _to_meta(v)
+                    margs.append(m)
+                    promo.append(m)
+            elif kind in (LT, LOT):
+                ms = [None if t is None else _to_meta(t) for t in v]
+                margs.append(ms)
+                promo.extend(m for m in ms if m is not None)
+            elif kind in (S, OS):
+                if isinstance(v, torch.Tensor):
+                    v = v.item()
+                margs.append(v)
+                if v is not None:
+                    promo.append(v)
+            else:
+                if isinstance(v, torch.device) and v.type == "xla":
+                    v = _META
+                margs.append(v)
+        kwargs = {}
+        schema_args = self.op._schema.arguments
+        pos = []
+        for a, m in zip(schema_args, margs):
+            if a.kwarg_only:
+                kwargs[a.name] = m
+            else:
+                pos.append(m)
+        try:
+            if self.low.meta is not None:
+                out = self.low.meta(*pos, **kwargs)
+            else:
+                out = self.op(*pos, **kwargs)
+        except NotImplementedError:
+            return ShapeEntry((), "one", None, fallback=True)
+        except RuntimeError as e:
+            msg = str(e)
+            if ("data-dependent" in msg or "Meta" in msg or "meta" in msg and "not" in msg
+                    or "Cannot" in msg and "meta" in msg):
+                return ShapeEntry((), "one", None, fallback=True)
+            raise
+        if isinstance(out, torch.Tensor):
+            structure, outs = "one", (out,)
+        elif isinstance(out, tuple):
+            structure, outs = "tuple", out
+        else:
+            structure, outs = "list", tuple(out)
+        avals = []
+        for o in outs:
+            if o is None:
+                avals.append(None)
+            else:
+                if not runtime.is_supported_dtype(o.dtype):
+                    raise TypeError(f"dtype {o.dtype} is not supported on the xla device")
+                avals.append((tuple(o.shape), o.dtype))
+        common = None
+        first = avals[0] if avals and avals[0] is not None else None
+        if promo:
+            try:
+                common = elementwise_dtypes(*promo, type_promotion_kind=_DEFAULT_KIND)[1]
+            except Exception:
+                common = first[1] if first else None
+            if first is not None and common is not None:
+                od = first[1]
+                if (od.is_floating_point or od.is_complex) and not (common.is_floating_point or common.is_complex):
+                    common = od
+        elif first is not None:
+            common = first[1]
+        return ShapeEntry(tuple(avals), structure, common)
+
+
+def _to_meta(t: torch.Tensor):
+    if t.device.type == "xla":
+        s = t._xla if hasattr(t, "_xla") else state_of(t)
+        return torch.empty(s.shape, dtype=s.dtype, device=_META)
+    if t.dim() == 0:
+        return t  # a CPU scalar tensor takes part as a wrapped number
+    return torch.empty(t.shape, dtype=t.dtype, device=_META)
+
+
+# ---------------------------------------------------------------------------------------
+# CPU fallback
+
+def to_cpu(t: torch.Tensor) -> torch.Tensor:
+    """Materialises an XLA tensor on the CPU (a host read)."""
+    from . import graph_executor
+    s = state_of(t)
+    with metrics.timed("TransferFromDeviceTime"):
+        arr = graph_executor.materialize(s)
+        host = runtime.fetch(arr)
+    return runtime.from_numpy(host, s.dtype)
+
+
+def from_cpu(t: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """A new inner XLA tensor holding a copy of CPU tensor `t`."""
+    if dtype is not None and dtype != t.dtype:
+        t = t.to(dtype)
+    if not runtime.is_supported_dtype(t.dtype):
+        raise TypeError(f"dtype {t.dtype} is not supported on the xla device")
+    with metrics.timed("TransferToDeviceTime"):
+        host = runtime.to_numpy(t)
+        dd = runtime.device_dtype(t.dtype)
+        if host.dtype != dd:
+            host = host.astype(dd)
+        arr = runtime.put(host)
+    aval = (tuple(t.shape), t.dtype)
+    return make_tensor(ir.DeviceData(arr, aval), 0, aval[0], aval[1])
+
+
+def set_data(t: torch.Tensor, cpu: torch.Tensor) -> None:
+    """Replaces the value of inner XLA tensor `t` with CPU data (fallback write-back)."""
+    new = from_cpu(cpu.to(t.dtype))
+    s = t._xla
+    ns = new._xla
+    s.node, s.idx = ns.node, 0
+
+
+def cpu_fallback(op, args, kwargs):
+    """Runs `op` in eager PyTorch on the CPU and moves the results back to the device."""
+    name = op._schema.name.split("::")[-1]
+    metrics.inc("aten::" + name)
+    xla_args = []
+
+    def conv(a):
+        if isinstance(a, torch.Tensor) and a.device.type == "xla":
+            c = to_cpu(a)
+            xla_args.append((a, c))
+            return c
+        if isinstance(a, (list, tuple)):
+            return type(a)(conv(x) for x in a)
+        if isinstance(a, torch.device) and a.type == "xla":
+            return torch.device("cpu")
+        return a
+
+    cargs = [conv(a) for a in args]
+    ckwargs = {k: conv(v) for k, v in kwargs.items()}
+    out = op(*cargs, **ckwargs)
+    # Mutated arguments: write the CPU result back into the XLA tensor.
+    for i, a in enumerate(op._schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            v = args[i] if i < len(args) else kwargs.get(a.name)
+            if isinstance(v, torch.Tensor) and v.device.type == "xla":
+                c = cargs[i] if i < len(cargs) else ckwargs.get(a.name)
+                set_data(unwrap(v), c)
+    mutated = {id(c) for i, a in enumerate(op._schema.arguments)
+               if a.alias_info is not None and a.alias_info.is_write
+               for c in [cargs[i] if i < len(cargs) else ckwargs.get(a.name)]}
+    cpu_to_xla = {id(c): a for a, c in xla_args}
+
+    def back(o):
+        if isinstance(o, torch.Tensor):
+            if id(o) in mutated and id(o) in cpu_to_xla:
+                return cpu_to_xla[id(o)]
+            return from_cpu(o)
+        if isinstance(o, (list, tuple)):
+            return type(o)(back(x) for x in o)
+        return o
+
+    return back(out)
+
+
+def _fallback_kernel(op, *args, **kwargs):
+    return cpu_fallback(op, args, kwargs)
+
+
+# ---------------------------------------------------------------------------------------
+# factories and transfers
+
+def _const_tensor(shape, dtype, value):
+    """A tensor of `shape` filled with a constant (no device memory until used)."""
+    shape = tuple(int(s) for s in shape)
+    node = ir.Constant(value, ((), dtype))
+    full = ir.Node("xla::broadcast", ((node, 0),), (ir.ref(0), shape), ((shape, dtype),),
+                   LOWERINGS["xla::broadcast"], None)
+    return make_tensor(full, 0, shape, dtype)
+
+
+def _check_dtype(dtype):
+    if not runtime.is_supported_dtype(dtype):
+        raise TypeError(f"dtype {dtype} is not supported on the xla device")
+
+
+def k_empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    dtype = dtype or torch.get_default_dtype()
+    _check_dtype(dtype)
+    return wrap_user(_const_tensor(size, dtype, 0))
+
+
+def k_empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    return k_empty(size, dtype)
+
+
+def k_to_copy(x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    src_xla = x.device.type == "xla"
+    dst_xla = (device.type == "xla") if device is not None else src_xla
+    if not src_xla and dst_xla:
+        return wrap_user(from_cpu(x, dtype))
+    if src_xla and not dst_xla:
+        c = to_cpu(x)
+        return c.to(device=device, dtype=dtype or c.dtype)
+    # xla -> xla: a (possibly converting) lazy copy
+    return wrap_user(_TO_COPY(unwrap(x) if _is_functional(x) else x, dtype=dtype))
+
+
+def k_copy_from(src, dst, non_blocking=False):
+    """`dst.copy_(src)` across devices."""
+    if src.device.type == "xla" and dst.device.type != "xla":
+        dst.copy_(to_cpu(src))
+        return dst
+    if src.device.type != "xla" and dst.device.type == "xla":
+        new = from_cpu(src.to(dst.dtype).expand(dst.shape).contiguous())
+        inner = unwrap(dst)
+        s = inner._xla
+        s.node, s.idx = new._xla.node, 0
+        return dst
+    raise RuntimeError("_copy_from: unsupported device pair")
+
+
+def k_copy_(dst, src, non_blocking=False):
+    """In-place copy on a non-functional inner tensor."""
+    if src.device.type != "xla":
+        return k_copy_from(src, dst, non_blocking)
+    res = _COPY(dst, src)
+    s = dst._xla
+    s.node, s.idx = res._xla.node, res._xla.idx
+    if type(s.node) is not ir.DeviceData:
+        pending.add(s)
+    return dst
+
+
+def k_copy(self, src, non_blocking=False):
+    if src.device.type != "xla":
+        return from_cpu(src.to(self.dtype).expand(self.shape).contiguous())
+    return _COPY(self, src)
+
+
+def k_local_scalar_dense(x):
+    metrics.inc("aten::_local_scalar_dense")
+    return to_cpu(x).item()
+
+
+def k_is_pinned(x, device=None):
+    return False
+
+
+def k_set_source(self, source):
+    s = self._xla if hasattr(self, "_xla") else state_of(self)
+    src = state_of(source)
+    s.node, s.idx, s.shape, s.dtype = src.node, src.idx, src.shape, src.dtype
+    return self
+
+
+_TO_COPY = None
+_COPY = None
+_lib = None
+_lib_fallback = None
+_registered = False
+KERNELS: Dict[str, OpKernel] = {}
+
+
+def _overload(name: str):
+    if "::" in name:
+        return None
+    packet, ov = name.split(".", 1)
+    pk = getattr(torch.ops.aten, packet, None)
+    if pk is None:
+        return None
+    return getattr(pk, ov, None)
+
+
+def register() -> None:
+    """Installs every kernel for the xla dispatch key (idempotent)."""
+    global _registered, _lib, _lib_fallback, _TO_COPY, _COPY
+    if _registered:
+        return
+    _registered = True
+    load_all()
+    _lib = torch.library.Library("aten", "IMPL")
+    special = {
+        "empty.memory_format": k_empty,
+        "empty_strided": k_empty_strided,
+        "_to_copy": k_to_copy,
+        "_copy_from": k_copy_from,
+        "copy_": k_copy_,
+        "copy": k_copy,
+        "_local_scalar_dense": k_local_scalar_dense,
+        "is_pinned": k_is_pinned,
+        "set_.source_Tensor": k_set_source,
+    }
+    for name, low in LOWERINGS.items():
+        op = _overload(name)
+        if op is None:
+            continue
+        k = OpKernel(op, low)
+        KERNELS[name] = k
+        short = name[:-len(".default")] if name.endswith(".default") else name
+        if short in special or name in special:
+            continue
+        _lib.impl(short, k, "PrivateUse1")
+    _TO_COPY = KERNELS["_to_copy.default"]
+    _COPY = KERNELS["copy.default"]
+    for name, fn in special.items():
+        _lib.impl(name, fn, "PrivateUse1")
+    _lib_fallback = torch.library.Library("_", "IMPL")
+    _lib_fallback.fallback(_fallback_kernel, "PrivateUse1")

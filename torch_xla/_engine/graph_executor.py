@@ -1,0 +1,359 @@
+"""The graph executor: turns pending IR into compiled XLA programs and runs them.
+
+A barrier collects the live tensors with pending IR, walks their graph once
+(post order), binds device data and scalars to parameter slots, and looks the
+graph up by key (root hashes + parameter signature + operand binding). A miss
+lowers the graph to jax (`jax.jit(...).lower(...).compile()`); a hit replays the
+executable on the new buffers. Execution is asynchronous: only host reads wait.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from . import ir, metrics, runtime
+from .lowering import LOWERINGS, ctx as lowering_ctx
+from .tensor import XlaState, pending
+
+_lock = threading.RLock()
+_cache: Dict[int, "Executable"] = {}
+_step_closures: List = []
+_listeners = {"after_sync": []}
+
+
+class Executable:
+    __slots__ = ("compiled", "n_out", "hlo_fn", "donated")
+
+    def __init__(self, compiled, n_out, donated):
+        self.compiled = compiled
+        self.n_out = n_out
+        self.donated = donated
+
+
+class GraphCompileError(RuntimeError):
+    pass
+
+
+def _subst(a, vals):
+    t = type(a)
+    if t is ir.Ref:
+        return vals[a.i]
+    if t is tuple or t is list:
+        return t(_subst(x, vals) for x in a)
+    return a
+
+
+def _cast_arrays(a, dtype, jnp):
+    t = type(a)
+    if t is tuple or t is list:
+        return t(_cast_arrays(x, dtype, jnp) for x in a)
+    if hasattr(a, "dtype") and hasattr(a, "shape"):
+        return a if a.dtype == dtype else a.astype(dtype)
+    return a
+
+
+def _flat_outputs(out):
+    if isinstance(out, (tuple, list)):
+        return tuple(out)
+    return (out,)
+
+
+def lower_node(node: ir.Node, operand_vals: list):
+    """Applies a node's lowering to jax values; returns its outputs as a tuple."""
+    import jax.numpy as jnp
+    low = node.lowering
+    args = _subst(node.args, operand_vals)
+    if low.random:
+        from .lowering import rng_key
+        args = args[:-2] + (rng_key(args[-2], args[-1]),)
+    if low.promote and node.info is not None:
+        cdt = runtime.device_dtype(node.info)
+        args = _cast_arrays(args, cdt, jnp)
+    lowering_ctx.out = tuple((s, runtime.device_dtype(d)) for s, d in node.avals)
+    lowering_ctx.node = node
+    out = _flat_outputs(low.fn(*args))
+    res = []
+    for o, (shape, dtype) in zip(out, node.avals):
+        if o is None:
+            res.append(None)
+            continue
+        want = runtime.device_dtype(dtype)
+        o = jnp.asarray(o)
+        if o.dtype != want:
+            o = o.astype(want)
+        if tuple(o.shape) != tuple(shape):
+            if o.size == 1 or o.ndim <= len(shape):
+                o = jnp.broadcast_to(o.reshape(o.shape) if o.ndim else o, shape)
+            else:
+                raise GraphCompileError(
+                    f"lowering of {node.op} produced shape {tuple(o.shape)}, expected {tuple(shape)}")
+        res.append(o)
+    return tuple(res)
+
+
+class Graph:
+    """A walked graph: program structure plus the parameters bound for this run."""
+
+    def __init__(self, roots: Sequence[tuple]):
+        # roots: list of (node, idx) output values
+        self.roots = list(roots)
+        order = ir.post_order([n for n, _ in self.roots])
+        self.order = order
+        params = []      # leaf nodes bound to parameters, in slot order
+        slot = {}        # id(leaf) -> slot
+        index = {}       # id(node) -> position in order
+        sig = []
+        for pos, n in enumerate(order):
+            index[id(n)] = pos
+            t = type(n)
+            if t is ir.DeviceData or t is ir.ScalarParam:
+                slot[id(n)] = len(params)
+                params.append(n)
+        self.params = params
+        self.slot = slot
+        self.index = index
+        # The key: structure hashes of the roots, plus how operands bind to positions
+        # (two graphs with equal node hashes may share a leaf differently: x+x vs x+y).
+        binding = []
+        for n in order:
+            if n.operands:
+                binding.append(tuple(index[id(o)] for o, _ in n.operands))
+        self.key = hash((tuple((n.hash, i) for n, i in self.roots), tuple(binding), len(order)))
+
+    def param_values(self):
+        out = []
+        for p in self.params:
+            if type(p) is ir.DeviceData:
+                out.append(p.array)
+            else:
+                out.append(np.asarray(p.value, dtype=runtime.device_dtype(p.avals[0][1])))
+        return out
+
+    def build_fn(self):
+        """A pure function params -> root values, evaluating the nodes with their lowerings."""
+        import jax.numpy as jnp
+        order = self.order
+        slot = self.slot
+        index = self.index
+        root_pos = [(index[id(n)], i) for n, i in self.roots]
+        plan = []
+        for n in order:
+            t = type(n)
+            if t is ir.DeviceData or t is ir.ScalarParam:
+                plan.append(("p", slot[id(n)], None))
+            elif t is ir.Constant:
+                shape, dt = n.avals[0]
+                plan.append(("c", np.asarray(n.value, dtype=runtime.device_dtype(dt)), None))
+            else:
+                plan.append(("n", n, tuple((index[id(o)], i) for o, i in n.operands)))
+
+        def fn(*params):
+            vals = [None] * len(plan)
+            for pos, (kind, a, ops) in enumerate(plan):
+                if kind == "p":
+                    vals[pos] = (params[a],)
+                elif kind == "c":
+                    vals[pos] = (jnp.asarray(a),)
+                else:
+                    try:
+                        vals[pos] = lower_node(a, [vals[p][i] for p, i in ops])
+                    except GraphCompileError:
+                        raise
+                    except Exception as e:
+                        raise GraphCompileError(f"lowering {a.op} failed: {type(e).__name__}: {e}") from e
+            return tuple(vals[p][i] for p, i in root_pos)
+        return fn
+
+
+def _donatable(graph: Graph, roots_states) -> tuple:
+    """Parameter slots whose buffers no live tensor will read after this run."""
+    if os.environ.get("XLA_NO_DONATION", "0") not in ("", "0"):
+        return ()
+    donate = []
+    # References we know of: the graph's params list, the post-order list, the operand
+    # tuples of users inside this graph, and getrefcount's own argument.
+    uses = {}
+    for n in graph.order:
+        for o, _ in n.operands:
+            if type(o) is ir.DeviceData:
+                uses[id(o)] = uses.get(id(o), 0) + 1
+    root_ids = {id(n) for n, _ in graph.roots}
+    for s, p in enumerate(graph.params):
+        if type(p) is not ir.DeviceData or id(p) in root_ids:
+            continue
+        expected = 3 + uses.get(id(p), 0)  # params, order, getrefcount arg
+        if sys.getrefcount(p) <= expected:
+            donate.append(s)
+    return tuple(donate)
+
+
+def _compile(graph: Graph, args, donate):
+    jax = runtime.jax_module()
+    fn = graph.build_fn()
+    with metrics.timed("CompileTime"):
+        lowered = jax.jit(fn, donate_argnums=donate, keep_unused=True).lower(*args)
+        compiled = lowered.compile()
+    metrics.inc("UncachedCompile")
+    return Executable(compiled, len(graph.roots), donate)
+
+
+def lower_text(roots) -> str:
+    """The StableHLO text of the program computing `roots` (no execution)."""
+    jax = runtime.jax_module()
+    graph = Graph(roots)
+    args = graph.param_values()
+    return jax.jit(graph.build_fn(), keep_unused=True).lower(*args).as_text()
+
+
+def lowered(roots):
+    jax = runtime.jax_module()
+    graph = Graph(roots)
+    args = graph.param_values()
+    return jax.jit(graph.build_fn(), keep_unused=True).lower(*args)
+
+
+def execute(states: List[XlaState]) -> None:
+    """Computes the pending values of `states` in one program and stores the results."""
+    states = [s for s in states if type(s.node) is not ir.DeviceData]
+    if not states:
+        return
+    # Several states may share one value (aliases): compute each value once.
+    roots = []
+    root_of = {}
+    for s in states:
+        k = (id(s.node), s.idx)
+        if k not in root_of:
+            root_of[k] = len(roots)
+            roots.append((s.node, s.idx))
+    graph = Graph(roots)
+    args = graph.param_values()
+    exe = _cache.get(graph.key)
+    if exe is None:
+        donate = _donatable(graph, states)
+        try:
+            exe = _compile(graph, args, donate)
+        except GraphCompileError:
+            raise
+        _cache[graph.key] = exe
+    else:
+        metrics.inc("CachedCompile")
+    donate = exe.donated
+    del graph
+    with metrics.timed("ExecuteTime"):
+        outs = exe.compiled(*args)
+    metrics.inc("ExecuteCount")
+    del args
+    for s in states:
+        r = root_of[(id(s.node), s.idx)]
+        aval = (s.shape, s.dtype)
+        s.node = ir.DeviceData(outs[r], aval)
+        s.idx = 0
+    _dedupe_data(states, root_of)
+
+
+def _dedupe_data(states, root_of):
+    """States that computed the same root share one DeviceData leaf (and one buffer)."""
+    by_array = {}
+    for s in states:
+        a = id(s.node.array)
+        first = by_array.get(a)
+        if first is None:
+            by_array[a] = s.node
+        else:
+            s.node = first
+
+
+def sync(wait: bool = False, states: Optional[List[XlaState]] = None) -> None:
+    """The barrier: runs all pending IR (or that of `states`) and the step closures."""
+    with _lock:
+        if states is None:
+            live = pending.take_live()
+        else:
+            live = states
+        if live:
+            metrics.add_sample("TensorsGraphSize", len(live))
+            try:
+                execute(live)
+            except BaseException:
+                if states is None:
+                    pending.restore(live)
+                raise
+        if states is None:
+            from . import rng
+            rng.advance_step()
+        for cb in _listeners["after_sync"]:
+            cb()
+        if wait:
+            wait_all(live)
+    if states is None:
+        run_step_closures()
+
+
+def materialize(state: XlaState):
+    """The device buffer of `state`, running its pending graph if needed."""
+    if type(state.node) is not ir.DeviceData:
+        with _lock:
+            if type(state.node) is not ir.DeviceData:
+                execute([state])
+    return state.node.array
+
+
+def wait_all(states=None) -> None:
+    if states is None:
+        return
+    for s in states:
+        if type(s.node) is ir.DeviceData:
+            try:
+                s.node.array.block_until_ready()
+            except Exception:
+                pass
+
+
+def add_step_closure(closure, args=(), run_async=False) -> None:
+    _step_closures.append((closure, args, run_async))
+
+
+_async_pool = {"thread": None, "queue": None}
+
+
+def _async_worker(q):
+    while True:
+        item = q.get()
+        if item is None:
+            return
+        fn, args = item
+        try:
+            fn(*args)
+        except Exception:
+            traceback.print_exc()
+
+
+def run_step_closures() -> None:
+    global _step_closures
+    closures, _step_closures = _step_closures, []
+    for fn, args, run_async in closures:
+        if run_async:
+            import queue
+            if _async_pool["thread"] is None:
+                q = queue.Queue()
+                th = threading.Thread(target=_async_worker, args=(q,), daemon=True)
+                th.start()
+                _async_pool["thread"], _async_pool["queue"] = th, q
+            _async_pool["queue"].put((fn, args))
+        else:
+            fn(*args)
+
+
+def cache_size() -> int:
+    return len(_cache)
+
+
+def clear_cache() -> None:
+    _cache.clear()

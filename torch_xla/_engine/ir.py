@@ -1,0 +1,153 @@
+"""The lazy IR: nodes, their hashes, and the leaves that become graph parameters.
+
+A node is one aten op (or an engine op such as a collective) applied to operand
+values. An operand is a pair (node, output index). The node's hash is computed
+once, at creation, from the op, its static arguments, its operands' hashes and its
+output shapes, so hashing a whole graph never walks it twice.
+
+Leaves:
+- `DeviceData` holds a `jax.Array` and hashes by shape and dtype only: a step that
+  runs on new data replays the same executable.
+- `ScalarParam` holds a Python number that becomes a 0-d graph parameter, so a
+  learning rate that changes every step does not recompile.
+- `Constant` is baked into the program (the special scalars 0 and 1, small index
+  tables); its value is part of the hash.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Tuple
+
+import numpy as np
+
+# An aval: (shape tuple, torch dtype). Kept as plain tuples: they are hashed a lot.
+Aval = Tuple[Tuple[int, ...], Any]
+
+
+class Ref:
+    """Placeholder for the i-th operand inside a node's argument tuple."""
+    __slots__ = ("i",)
+
+    def __init__(self, i: int):
+        self.i = i
+
+    def __hash__(self):
+        return 0x5EED + self.i
+
+    def __eq__(self, other):
+        return isinstance(other, Ref) and other.i == self.i
+
+    def __repr__(self):
+        return f"%{self.i}"
+
+
+REFS = [Ref(i) for i in range(512)]
+
+
+def ref(i: int) -> Ref:
+    return REFS[i] if i < 512 else Ref(i)
+
+
+class Node:
+    """An IR node. `args` is the op's full argument tuple with `Ref`s where operands go."""
+    __slots__ = ("op", "operands", "args", "avals", "hash", "lowering", "info", "__weakref__")
+
+    def __init__(self, op: str, operands: tuple, args: tuple, avals: tuple, lowering, info=None):
+        self.op = op
+        self.operands = operands  # tuple of (Node, int)
+        self.args = args
+        self.avals = avals  # tuple of Aval, one per output
+        self.lowering = lowering
+        self.info = info  # per-node extra data (e.g. the compute dtype), part of the hash
+        h = hash((op, args, avals, info))
+        for n, i in operands:
+            h = hash((h, n.hash, i))
+        self.hash = h
+
+    @property
+    def is_leaf(self) -> bool:
+        return False
+
+    def __repr__(self):
+        return f"Node({self.op}, {len(self.operands)} operands)"
+
+
+class DeviceData(Node):
+    """A leaf holding a device buffer (`jax.Array`)."""
+    __slots__ = ("array",)
+
+    def __init__(self, array, aval: Aval):
+        self.op = "xla::device_data"
+        self.operands = ()
+        self.args = ()
+        self.avals = (aval,)
+        self.lowering = None
+        self.info = None
+        self.array = array
+        self.hash = hash(("data", aval))
+
+    @property
+    def is_leaf(self) -> bool:
+        return True
+
+
+class ScalarParam(Node):
+    """A leaf holding a Python scalar that is passed to the program as a 0-d parameter."""
+    __slots__ = ("value",)
+
+    def __init__(self, value, dtype):
+        self.op = "xla::scalar"
+        self.operands = ()
+        self.args = ()
+        self.avals = (((), dtype),)
+        self.lowering = None
+        self.info = None
+        self.value = value
+        self.hash = hash(("scalar", dtype))
+
+    @property
+    def is_leaf(self) -> bool:
+        return True
+
+
+class Constant(Node):
+    """A leaf whose value is part of the program (and of the hash)."""
+    __slots__ = ("value",)
+
+    def __init__(self, value, aval: Aval):
+        self.op = "xla::constant"
+        self.operands = ()
+        self.args = ()
+        self.avals = (aval,)
+        self.lowering = None
+        self.info = None
+        self.value = value
+        if isinstance(value, np.ndarray):
+            key = (value.shape, str(value.dtype), value.tobytes())
+        else:
+            key = value
+        self.hash = hash(("const", key, aval))
+
+    @property
+    def is_leaf(self) -> bool:
+        return True
+
+
+def post_order(roots):
+    """Nodes reachable from `roots` (a sequence of nodes), operands before users."""
+    order = []
+    seen = set()
+    stack = [(r, False) for r in reversed(roots)]
+    while stack:
+        node, expanded = stack.pop()
+        nid = id(node)
+        if expanded:
+            order.append(node)
+            continue
+        if nid in seen:
+            continue
+        seen.add(nid)
+        stack.append((node, True))
+        for n, _ in reversed(node.operands):
+            if id(n) not in seen:
+                stack.append((n, False))
+    return order

@@ -1,0 +1,50 @@
+"""On-device random numbers.
+
+The seed is a graph parameter and every random op of a step takes its key from
+(seed, op number within the step), so each step's graph has the same hash while
+its numbers differ: the seed advances at every barrier.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+
+_MASK = (1 << 63) - 1
+_lock = threading.Lock()
+_state = {"seed": 101, "counter": itertools.count(), "node": None}
+
+
+def set_seed(seed: int) -> None:
+    with _lock:
+        _state["seed"] = int(seed) & _MASK
+        _state["counter"] = itertools.count()
+        _state["node"] = None
+
+
+def get_seed() -> int:
+    return _state["seed"]
+
+
+def next_op() -> tuple:
+    """(seed, op number) for the next random op of this step."""
+    return _state["seed"], next(_state["counter"])
+
+
+def advance_step() -> None:
+    """Called at each barrier: a new seed for the next step, op numbers from zero."""
+    with _lock:
+        s = _state["seed"]
+        _state["seed"] = (s * 6364136223846793005 + 1442695040888963407) & _MASK
+        _state["counter"] = itertools.count()
+        _state["node"] = None
+
+
+def seed_node():
+    """The step's seed as a graph parameter (one leaf shared by the step's random ops)."""
+    n = _state["node"]
+    if n is None:
+        import torch
+        from . import ir
+        n = ir.ScalarParam(_state["seed"] & 0xFFFFFFFF, torch.int64)
+        _state["node"] = n
+    return n

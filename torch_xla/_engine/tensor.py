@@ -1,0 +1,127 @@
+"""XLA tensors: plain `torch.Tensor`s on `xla:0` whose lazy state rides on the Python object.
+
+A tensor made here has sizes and strides but no storage. Its state, `t._xla`, is an
+`XlaState`: an IR value (node, output index) that is either a `DeviceData` leaf
+(materialised) or a pending op. User-visible tensors are wrapped in PyTorch's
+functionalization, which turns views and in-place ops into functional ops before
+they reach the backend; the engine itself only ever sees the inner tensors.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Optional
+
+import torch
+
+from . import ir
+
+_create_empty = torch._C._acc.create_empty_tensor
+_is_functional = torch._is_functional_tensor
+_from_functional = torch._from_functional_tensor
+_to_functional = torch._to_functional_tensor
+_sync_functional = torch._sync
+_tls_excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
+_FUNCTIONALIZE = torch._C.DispatchKey.Functionalize
+
+
+class XlaState:
+    """The lazy state of one XLA tensor: an IR value plus its aval."""
+    __slots__ = ("node", "idx", "shape", "dtype", "__weakref__")
+
+    def __init__(self, node: ir.Node, idx: int, shape: tuple, dtype: torch.dtype):
+        self.node = node
+        self.idx = idx
+        self.shape = shape
+        self.dtype = dtype
+
+    @property
+    def is_data(self) -> bool:
+        return type(self.node) is ir.DeviceData
+
+    def set_data(self, node: ir.DeviceData) -> None:
+        self.node = node
+        self.idx = 0
+
+
+class _Pending:
+    """Weak references to the states that hold pending IR (the barrier's roots)."""
+
+    def __init__(self):
+        self.refs = []
+        self.lock = threading.RLock()
+
+    def add(self, state: XlaState) -> None:
+        self.refs.append(weakref.ref(state))
+
+    def take_live(self):
+        """Returns the live states with pending IR, and forgets the rest."""
+        with self.lock:
+            refs, self.refs = self.refs, []
+        out = []
+        seen = set()
+        for r in refs:
+            s = r()
+            if s is not None and type(s.node) is not ir.DeviceData and id(s) not in seen:
+                seen.add(id(s))
+                out.append(s)
+        return out
+
+    def restore(self, states) -> None:
+        with self.lock:
+            self.refs.extend(weakref.ref(s) for s in states)
+
+
+pending = _Pending()
+
+
+def make_tensor(node: ir.Node, idx: int, shape, dtype: torch.dtype) -> torch.Tensor:
+    """A new inner (non-functional) XLA tensor holding IR value (node, idx)."""
+    t = _create_empty(shape, dtype)
+    s = XlaState(node, idx, tuple(shape), dtype)
+    t._xla = s
+    if type(node) is not ir.DeviceData:
+        pending.refs.append(weakref.ref(s))
+    return t
+
+
+def wrap_user(t: torch.Tensor) -> torch.Tensor:
+    """Wraps a fresh inner tensor for the user, unless we are inside functionalization."""
+    if _tls_excluded(_FUNCTIONALIZE):
+        return t
+    return _to_functional(t)
+
+
+def unwrap(t: torch.Tensor) -> torch.Tensor:
+    """The inner XLA tensor of `t` (syncing a functional wrapper's pending updates)."""
+    if _is_functional(t):
+        _sync_functional(t)
+        return _from_functional(t)
+    return t
+
+
+def state_of(t: torch.Tensor) -> XlaState:
+    """The lazy state of an XLA tensor, inner or wrapped."""
+    try:
+        return t._xla
+    except AttributeError:
+        pass
+    inner = unwrap(t)
+    try:
+        return inner._xla
+    except AttributeError:
+        raise RuntimeError(
+            f"tensor on {t.device} has no XLA data (it was not created by torch_xla)") from None
+
+
+def replace_state(t: torch.Tensor, src: XlaState) -> None:
+    """Points the inner tensor of `t` at another state's value (used by in-place engine ops)."""
+    inner = unwrap(t)
+    s = inner._xla
+    s.node, s.idx = src.node, src.idx
+    if type(s.node) is not ir.DeviceData:
+        pending.add(s)
+
+
+def is_xla(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type == "xla"

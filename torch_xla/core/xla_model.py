@@ -1,0 +1,285 @@
+"""`torch_xla.core.xla_model` (xm): devices, barriers, collectives, saving."""
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+import threading
+import time
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+
+import torch
+
+import torch_xla
+from .. import runtime as xr
+from .._engine import dispatch, graph_executor, metrics, rng, runtime
+from .._engine.tensor import state_of
+
+REDUCE_SUM = "sum"
+REDUCE_MUL = "mul"
+REDUCE_AND = "and"
+REDUCE_OR = "or"
+REDUCE_MIN = "min"
+REDUCE_MAX = "max"
+
+
+
+def xla_device(n: Optional[int] = None, devkind: Optional[str] = None) -> torch.device:
+    """Returns a given instance of an XLA device."""
+    if devkind is not None:
+        warnings.warn("devkind is deprecated and ignored", DeprecationWarning, stacklevel=2)
+    return torch_xla.device(n)
+
+
+def get_xla_supported_devices(devkind: Optional[str] = None, max_devices: Optional[int] = None) -> List[str]:
+    devs = [f"xla:{i}" for i in range(torch_xla.device_count())]
+    return devs[:max_devices] if max_devices else devs
+
+
+def xla_device_hw(device: Union[str, torch.device]) -> str:
+    """Returns the hardware type of the given device: CPU, CUDA or TPU."""
+    device = torch.device(device)
+    if device.type != "xla":
+        raise ValueError(f"{device} is not an xla device")
+    return runtime.platform()
+
+
+def xla_real_devices(devices: Optional[List[Union[str, torch.device]]] = None) -> List[str]:
+    real = torch_xla.real_devices()
+    if devices is None:
+        return real
+    return [real[torch.device(d).index or 0] for d in devices]
+
+
+def is_xla_tensor(tensor: torch.Tensor) -> bool:
+    return torch_xla.is_xla_tensor(tensor)
+
+
+# ---- ordinals (one process = one device) -----------------------------------------------------
+
+def get_ordinal(defval: int = 0) -> int:
+    """The global ordinal of this process's device."""
+    return xr.global_ordinal()
+
+
+def get_local_ordinal(defval: int = 0) -> int:
+    return xr.local_ordinal()
+
+
+def xrt_world_size(defval: int = 1) -> int:
+    """Deprecated alias of `torch_xla.runtime.world_size()`."""
+    warnings.warn("xm.xrt_world_size() is deprecated; use torch_xla.runtime.world_size()",
+                  DeprecationWarning, stacklevel=2)
+    return xr.world_size()
+
+
+def is_master_ordinal(local: bool = True) -> bool:
+    """Whether this process is the (local or global) master ordinal."""
+    ordinal = xr.local_ordinal() if local else xr.global_ordinal()
+    return ordinal == 0
+
+
+def master_print(*args, fd=None, finalize: bool = False, **kwargs) -> None:
+    """Prints only on the master ordinal."""
+    if is_master_ordinal(local=False):
+        import sys
+        print(*args, file=fd or sys.stdout, **kwargs)
+        (fd or sys.stdout).flush()
+
+
+# ---- barriers ----------------------------------------------------------------------------------
+
+def mark_step(wait: bool = False, reset_scope: bool = True) -> None:
+    """The barrier: compiles and launches the pending graph of all live tensors."""
+    graph_executor.sync(wait=wait)
+
+
+def wait_device_ops(devices: Sequence = ()) -> None:
+    """Waits for all the asynchronous operations on the devices to complete."""
+    graph_executor.sync(wait=False)
+    runtime.wait_all_buffers()
+
+
+def add_step_closure(closure: Callable, args: tuple = (), run_async: bool = False) -> None:
+    """Queues `closure(*args)` to run after the next barrier, when tensors are materialised."""
+    graph_executor.add_step_closure(closure, args, run_async)
+
+
+# ---- random numbers ---------------------------------------------------------------------------
+
+def set_rng_state(seed: int, device: Optional[str] = None) -> None:
+    """Sets the device random number generator state."""
+    rng.set_seed(seed)
+
+
+def get_rng_state(device: Optional[str] = None) -> int:
+    """The current device random number generator state, as an integer."""
+    return rng.get_seed()
+
+
+# ---- memory ------------------------------------------------------------------------------------
+
+def get_memory_info(device: Optional[torch.device] = None) -> Dict[str, int]:
+    """Device memory usage: bytes_used, bytes_limit (and kb_free/kb_total for old callers)."""
+    return runtime.memory_info()
+
+
+# ---- collectives (this process's view; see torch_xla.distributed for many processes) ---------
+
+def _collectives():
+    from .._engine import collectives
+    return collectives
+
+
+def all_reduce(reduce_type: str, inputs, scale: float = 1.0, groups=None, pin_layout: bool = True):
+    """Reduces `inputs` across replicas. A list is reduced in place and returned."""
+    return _collectives().all_reduce(reduce_type, inputs, scale=scale, groups=groups)
+
+
+def all_gather(value: torch.Tensor, dim: int = 0, groups=None, output=None, pin_layout: bool = True):
+    """Gathers `value` from all replicas along `dim`."""
+    return _collectives().all_gather(value, dim=dim, groups=groups, output=output)
+
+
+def reduce_scatter(reduce_type: str, input, scale: float, scatter_dim: int, shard_count: int,
+                   groups=None, output=None, pin_layout: bool = True):
+    """Reduces across replicas and keeps this replica's shard along `scatter_dim`."""
+    return _collectives().reduce_scatter(reduce_type, input, scale, scatter_dim, shard_count,
+                                         groups=groups, output=output)
+
+
+def all_to_all(value, split_dimension: int, concat_dimension: int, split_count: int, groups=None,
+               pin_layout: bool = True):
+    """XLA AllToAll over the replicas."""
+    return _collectives().all_to_all(value, split_dimension, concat_dimension, split_count, groups=groups)
+
+
+def collective_permute(value, pairs):
+    """Sends `value` from source to target replica for each (source, target) pair."""
+    return _collectives().collective_permute(value, pairs)
+
+
+def reduce_gradients(optimizer, groups=None, pin_layout: bool = True) -> None:
+    """Averages the gradients of `optimizer`'s parameters over all replicas."""
+    count = xr.world_size()
+    if count <= 1:
+        return
+    grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+    if grads:
+        all_reduce(REDUCE_SUM, grads, scale=1.0 / count, groups=groups)
+
+
+def optimizer_step(optimizer, barrier: bool = False, optimizer_args: dict = {}, groups=None,
+                   pin_layout: bool = True):
+    """Reduces gradients over replicas, runs `optimizer.step(**optimizer_args)`, optionally the barrier."""
+    reduce_gradients(optimizer, groups=groups, pin_layout=pin_layout)
+    loss = optimizer.step(**optimizer_args)
+    if barrier:
+        mark_step()
+    return loss
+
+
+def rendezvous(tag: str, payload: bytes = b"", replicas: list = []) -> List[bytes]:
+    """Waits for all replicas at `tag`; returns every replica's payload, by ordinal."""
+    return _collectives().rendezvous(tag, payload, replicas)
+
+
+def mesh_reduce(tag: str, data, reduce_fn: Callable):
+    """Out-of-graph reduction: `reduce_fn` receives every replica's `data`."""
+    return _collectives().mesh_reduce(tag, data, reduce_fn)
+
+
+def broadcast_master_param(model: torch.nn.Module) -> None:
+    """Copies the master replica's parameters and buffers to every replica."""
+    _collectives().broadcast_master_param(model)
+
+
+# ---- saving ------------------------------------------------------------------------------------
+
+def _to_cpu_tree(data):
+    if isinstance(data, torch.Tensor):
+        return data.cpu() if data.device.type == "xla" else data
+    if isinstance(data, dict):
+        return type(data)((k, _to_cpu_tree(v)) for k, v in data.items()) if not hasattr(data, "_metadata") \
+            else _copy_meta(data, type(data)((k, _to_cpu_tree(v)) for k, v in data.items()))
+    if isinstance(data, list):
+        return [_to_cpu_tree(v) for v in data]
+    if isinstance(data, tuple):
+        items = [_to_cpu_tree(v) for v in data]
+        return type(data)(*items) if hasattr(data, "_fields") else tuple(items)
+    if isinstance(data, set):
+        return {_to_cpu_tree(v) for v in data}
+    return data
+
+
+def _copy_meta(src, dst):
+    dst._metadata = src._metadata
+    return dst
+
+
+def _maybe_convert_to_cpu(data, convert: bool = True):
+    return _to_cpu_tree(data) if convert else data
+
+
+def save(data, file_or_path, master_only: bool = True, global_master: bool = False) -> None:
+    """Moves `data` to the CPU and saves it with `torch.save`.
+
+    A path is written atomically (a temporary file in the same directory, then a rename),
+    so an interrupted save never leaves a half-written checkpoint.
+    """
+    should_write = is_master_ordinal(local=not global_master) if master_only else True
+    cpu_data = _to_cpu_tree(data)
+    if should_write:
+        atomic_save(cpu_data, file_or_path)
+    if xr.world_size() > 1:
+        rendezvous("torch_xla.core.xla_model.save")
+
+
+def atomic_save(obj, file_or_path) -> None:
+    if not isinstance(file_or_path, (str, os.PathLike)):
+        torch.save(obj, file_or_path)
+        return
+    path = os.fspath(file_or_path)
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=d)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def send_cpu_data_to_device(datas, device, input_sharding=None):
+    """Moves every tensor in a nested structure to `device`."""
+    def move(x):
+        if isinstance(x, torch.Tensor):
+            return x.to(device)
+        if isinstance(x, dict):
+            return type(x)((k, move(v)) for k, v in x.items())
+        if isinstance(x, (list, tuple)):
+            items = [move(v) for v in x]
+            return type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
+        return x
+    return move(datas)
+
+
+# ---- debugging ---------------------------------------------------------------------------------
+
+def get_stablehlo(tensors: Optional[List[torch.Tensor]] = None) -> str:
+    """The StableHLO text of the graph computing `tensors` (all pending tensors if None)."""
+    from .. import _XLAC
+    return _XLAC._get_xla_tensors_hlo(tensors)
+
+
+def get_stablehlo_bytecode(tensors: Optional[List[torch.Tensor]] = None) -> bytes:
+    """The StableHLO of the graph computing `tensors`, as MLIR bytecode."""
+    from .. import _XLAC
+    return _XLAC._get_stablehlo_bytecode(tensors)

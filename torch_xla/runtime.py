@@ -1,0 +1,100 @@
+"""`torch_xla.runtime` (xr): the PJRT runtime's view of devices, processes and caches."""
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from typing import Optional
+
+from ._engine import runtime as _rt
+from ._engine import process_group as _pg
+
+
+def device_type() -> Optional[str]:
+    """The PJRT device type in use: CPU, CUDA or TPU."""
+    return _rt.platform()
+
+
+def using_pjrt() -> bool:
+    return True
+
+
+def local_process_count() -> int:
+    """Number of processes running on this host."""
+    return _pg.local_process_count()
+
+
+def local_device_count() -> int:
+    """Number of devices on this host."""
+    return _pg.local_process_count() * addressable_device_count()
+
+
+def addressable_device_count() -> int:
+    """Number of devices visible to this process."""
+    return len(_rt.local_devices())
+
+
+def global_device_count() -> int:
+    """Total number of devices across all processes and hosts."""
+    return _pg.world_size() * addressable_device_count()
+
+
+def global_runtime_device_count() -> int:
+    """Total number of runtime devices across all processes and hosts (SPMD: all of them)."""
+    return global_device_count()
+
+
+def world_size() -> int:
+    """Number of participating processes (replicas)."""
+    return _pg.world_size()
+
+
+def global_ordinal() -> int:
+    """Global ordinal of this process."""
+    return _pg.global_ordinal()
+
+
+def local_ordinal() -> int:
+    """Ordinal of this process on its host."""
+    return _pg.local_ordinal()
+
+
+def process_index() -> int:
+    return _pg.global_ordinal()
+
+
+def process_count() -> int:
+    return _pg.world_size()
+
+
+def get_master_ip() -> str:
+    """The IP address of the master (coordinator) host."""
+    return _pg.master_ip()
+
+
+def use_spmd(auto: Optional[bool] = False) -> None:
+    """Switches to SPMD mode: one virtual device over all devices."""
+    from .distributed import spmd as _spmd
+    _spmd._use_spmd(auto)
+
+
+def is_spmd() -> bool:
+    return os.environ.get("XLA_USE_SPMD", "0") not in ("", "0")
+
+
+_cache_state = {"path": None}
+
+
+def initialize_cache(path: str, readonly: bool = False) -> None:
+    """Initialises the persistent compilation cache at `path` (before any computation)."""
+    jax = _rt.jax_module()
+    if _cache_state["path"] is not None and _cache_state["path"] != path:
+        raise RuntimeError("the persistent cache is already initialised at " + _cache_state["path"])
+    os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    if readonly:
+        # jax has no read-only switch: point writes at a private scratch directory.
+        _cache_state["readonly"] = True
+    _cache_state["path"] = path
