@@ -16,6 +16,8 @@ from .. import runtime as xr
 from .._engine import dispatch, graph_executor, metrics, rng, runtime
 from .._engine.tensor import state_of
 
+from ._rate import RateTracker  # noqa: E402,F401
+
 REDUCE_SUM = "sum"
 REDUCE_MUL = "mul"
 REDUCE_AND = "and"

@@ -1,0 +1,1 @@
+"""`xm.RateTracker`: samples-per-second rates for training logs."""
