@@ -172,6 +172,16 @@ class Graph:
         return fn
 
 
+def _data_uses(order) -> dict:
+    """id(DeviceData) -> number of operand slots of `order` that reference it."""
+    uses = {}
+    for n in order:
+        for o, _ in n.operands:
+            if type(o) is ir.DeviceData:
+                uses[id(o)] = uses.get(id(o), 0) + 1
+    return uses
+
+
 def _donatable(graph: Graph, roots_states) -> tuple:
     """Parameter slots whose buffers no live tensor will read after this run."""
     if os.environ.get("XLA_NO_DONATION", "0") not in ("", "0"):
@@ -179,19 +189,32 @@ def _donatable(graph: Graph, roots_states) -> tuple:
     donate = []
     # References we know of: the graph's params list, the post-order list, the operand
     # tuples of users inside this graph, and getrefcount's own argument.
-    uses = {}
-    for n in graph.order:
-        for o, _ in n.operands:
-            if type(o) is ir.DeviceData:
-                uses[id(o)] = uses.get(id(o), 0) + 1
+    uses = _data_uses(graph.order)
     root_ids = {id(n) for n, _ in graph.roots}
-    for s, p in enumerate(graph.params):
+    params = graph.params
+    for s in range(len(params)):
+        p = params[s]
         if type(p) is not ir.DeviceData or id(p) in root_ids:
             continue
-        expected = 3 + uses.get(id(p), 0)  # params, order, getrefcount arg
-        if sys.getrefcount(p) <= expected:
+        # Known holders: graph.params, graph.order, the loop variable, getrefcount's
+        # argument, and the operand tuples of this graph's users. Any other holder (a
+        # tensor state, a node outside this graph) keeps the buffer alive.
+        if sys.getrefcount(p) <= 4 + uses.get(id(p), 0):
             donate.append(s)
-    return tuple(donate)
+    if not donate:
+        return ()
+    # XLA reuses a donated buffer only for an output of the same shape and dtype.
+    free = {}
+    for n, i in graph.roots:
+        a = n.avals[i]
+        free[a] = free.get(a, 0) + 1
+    usable = []
+    for s in donate:
+        a = params[s].avals[0]
+        if free.get(a, 0) > 0:
+            free[a] -= 1
+            usable.append(s)
+    return tuple(usable)
 
 
 def _compile(graph: Graph, args, donate):
@@ -234,17 +257,14 @@ def execute(states: List[XlaState]) -> None:
             roots.append((s.node, s.idx))
     graph = Graph(roots)
     args = graph.param_values()
-    exe = _cache.get(graph.key)
+    donate = _donatable(graph, states)
+    key = hash((graph.key, donate))
+    exe = _cache.get(key)
     if exe is None:
-        donate = _donatable(graph, states)
-        try:
-            exe = _compile(graph, args, donate)
-        except GraphCompileError:
-            raise
-        _cache[graph.key] = exe
+        exe = _compile(graph, args, donate)
+        _cache[key] = exe
     else:
         metrics.inc("CachedCompile")
-    donate = exe.donated
     del graph
     with metrics.timed("ExecuteTime"):
         outs = exe.compiled(*args)

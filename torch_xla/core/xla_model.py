@@ -16,8 +16,6 @@ from .. import runtime as xr
 from .._engine import dispatch, graph_executor, metrics, rng, runtime
 from .._engine.tensor import state_of
 
-from ._rate import RateTracker  # noqa: E402,F401
-
 REDUCE_SUM = "sum"
 REDUCE_MUL = "mul"
 REDUCE_AND = "and"
@@ -285,3 +283,10 @@ def get_stablehlo_bytecode(tensors: Optional[List[torch.Tensor]] = None) -> byte
     """The StableHLO of the graph computing `tensors`, as MLIR bytecode."""
     from .. import _XLAC
     return _XLAC._get_stablehlo_bytecode(tensors)
+
+
+def __getattr__(name: str):
+    if name == "RateTracker":
+        from ._rate import RateTracker
+        return RateTracker
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,6 +10,11 @@ from jax import lax
 from . import lowering, out_dtype
 
 
+def _is_one(v):
+    """True for the Python constant 1 (a Scalar that is a graph parameter is never folded)."""
+    return isinstance(v, (int, float)) and v == 1
+
+
 def _is_float(x):
     return jnp.issubdtype(jnp.result_type(x), jnp.inexact)
 
@@ -18,17 +23,17 @@ def _is_float(x):
 
 @lowering("aten::add.Tensor", "aten::add.Scalar", promote=True)
 def add(x, y, alpha=1):
-    return x + (y if alpha == 1 else y * alpha)
+    return x + (y if _is_one(alpha) else y * alpha)
 
 
 @lowering("aten::sub.Tensor", "aten::sub.Scalar", promote=True)
 def sub(x, y, alpha=1):
-    return x - (y if alpha == 1 else y * alpha)
+    return x - (y if _is_one(alpha) else y * alpha)
 
 
 @lowering("aten::rsub.Tensor", "aten::rsub.Scalar", promote=True)
 def rsub(x, y, alpha=1):
-    return y - (x if alpha == 1 else x * alpha)
+    return y - (x if _is_one(alpha) else x * alpha)
 
 
 @lowering("aten::mul.Tensor", "aten::mul.Scalar", promote=True)

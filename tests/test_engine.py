@@ -1,0 +1,242 @@
+"""The lazy engine: graph cache, parameters, donation, IR/HLO dumps, RNG, metrics, saving."""
+import os
+import pickle
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torch_xla
+import torch_xla.core.xla_model as xm
+import torch_xla.debug.metrics as met
+import torch_xla.runtime as xr
+from torch_xla import _XLAC
+from torch_xla._engine.tensor import state_of
+
+from helpers import assert_same
+
+
+def compiles():
+    d = met.metric_data("CompileTime")
+    return d[0] if d else 0
+
+
+def test_same_graph_compiles_once():
+    y = torch.randn(8, 8)
+    yd = y.to("xla:0")
+    zc = torch.zeros(8, 8)
+    zd = zc.to("xla:0")
+    xm.mark_step()
+    before = None
+    for i in range(4):
+        zd = zd * 0.5 + yd
+        zc = zc * 0.5 + y
+        xm.mark_step()
+        if i == 1:
+            before = compiles()
+    assert compiles() == before
+    assert_same(zd, zc)
+
+
+def test_changing_python_scalar_does_not_recompile():
+    x = torch.randn(5).to("xla:0")
+    xm.mark_step()
+    outs = []
+    for i, lr in enumerate([0.1, 0.2, 0.3, 0.4]):
+        outs.append(x * lr + lr)
+        xm.mark_step()
+        if i == 1:
+            before = compiles()
+    assert compiles() == before
+    for o, lr in zip(outs, [0.1, 0.2, 0.3, 0.4]):
+        assert_same(o, x.cpu() * lr + lr)
+
+
+def test_operand_binding_is_part_of_the_key():
+    a = torch.tensor([1.0, 2.0]).to("xla:0")
+    b = torch.tensor([10.0, 20.0]).to("xla:0")
+    xm.mark_step()
+    r1 = a + a
+    xm.mark_step()
+    r2 = a + b
+    xm.mark_step()
+    assert r1.tolist() == [2.0, 4.0]
+    assert r2.tolist() == [11.0, 22.0]
+
+
+def test_overwritten_parameter_buffer_is_donated_and_values_stay_right():
+    w = torch.randn(64, 64)
+    g = torch.randn(64, 64)
+    wd, gd = w.to("xla:0"), g.to("xla:0")
+    xm.mark_step()
+    old = state_of(wd).node.array
+    with torch.no_grad():
+        wd.add_(gd, alpha=-0.1)
+    xm.mark_step()
+    assert old.is_deleted()
+    assert_same(wd, w - 0.1 * g)
+    # A buffer still read by a live tensor is not donated.
+    keep = gd.view(-1)
+    old_g = state_of(gd).node.array
+    with torch.no_grad():
+        gd.mul_(3)
+    xm.mark_step()
+    assert_same(gd, g * 3)
+    assert_same(keep, g.view(-1) * 3)
+
+
+def test_ir_and_hlo_dumps():
+    a = torch.randn(2, 3).to("xla:0")
+    b = (a * 2 + 1).relu()
+    text = _XLAC._get_xla_tensors_text([b])
+    assert "aten::mul" in text and "xla::device_data" in text and "ROOT" in text
+    hlo = _XLAC._get_xla_tensors_hlo([b])
+    assert "stablehlo" in hlo or "mhlo" in hlo
+    assert "func.func public @main" in hlo
+    assert xm.get_stablehlo([b]) == hlo
+    assert isinstance(xm.get_stablehlo_bytecode([b]), bytes)
+    assert_same(b, (a.cpu() * 2 + 1).relu())
+
+
+def test_metrics_report_format():
+    met.clear_all()
+    x = torch.randn(3, 3).to("xla:0")
+    y = (x @ x).relu()
+    y.cpu()
+    rep = met.metrics_report()
+    for name in ("CompileTime", "ExecuteTime", "TransferToDeviceTime", "TransferFromDeviceTime"):
+        assert f"Metric: {name}" in rep
+    assert "TotalSamples:" in rep and "Accumulator:" in rep and "Percentiles: 1%=" in rep
+    assert "Counter: UncachedCompile" in rep
+    assert met.counter_value("UncachedCompile") >= 1
+    assert "CompileTime" in met.metric_names()
+    total, acc, samples = met.metric_data("CompileTime")
+    assert total == len(samples) and acc > 0
+    assert _XLAC._xla_metrics_report() == met.metrics_report()
+    short = met.short_metrics_report()
+    assert "CompileTime" in short
+    met.clear_all()
+    assert met.counter_names() == [] and met.metric_names() == []
+
+
+def test_fallback_is_counted_and_correct():
+    met.clear_all()
+    x = torch.tensor([0.0, 1.0, 0.0, 2.0]).to("xla:0")
+    nz = torch.nonzero(x)
+    assert met.counter_value("aten::nonzero") == 1
+    assert_same(nz, torch.nonzero(x.cpu()))
+
+
+def test_rng_seed_reproducible_and_no_recompile():
+    torch_xla.manual_seed(7)
+    a = torch.rand(4, device="xla:0")
+    xm.mark_step()
+    torch_xla.manual_seed(7)
+    b = torch.rand(4, device="xla:0")
+    xm.mark_step()
+    assert torch.equal(a.cpu(), b.cpu())
+    c = torch.rand(4, device="xla:0")
+    xm.mark_step()
+    assert not torch.equal(a.cpu(), c.cpu())
+    xm.set_rng_state(123)
+    assert xm.get_rng_state() == 123
+    before = compiles()
+    for _ in range(3):
+        torch.rand(4, device="xla:0")
+        xm.mark_step()
+    assert compiles() == before
+
+
+def test_step_closures_run_after_barrier_in_order():
+    seen = []
+    x = torch.ones(2).to("xla:0") * 3
+    xm.add_step_closure(lambda t: seen.append(("a", t.tolist())), args=(x,))
+    xm.add_step_closure(lambda: seen.append(("b", None)))
+    assert seen == []
+    xm.mark_step()
+    assert seen == [("a", [3.0, 3.0]), ("b", None)]
+
+
+def test_step_context_and_compile_full_graph():
+    w = torch.randn(4).to("xla:0")
+    with torch_xla.step():
+        y = w * 2
+    assert state_of(y).is_data
+
+    def step_fn(t):
+        return (t * 3).sum()
+
+    f = torch_xla.compile(step_fn, full_graph=True, name="f")
+    assert_same(f(w), (w.cpu() * 3).sum())
+
+    def bad(t):
+        s = (t * 3).sum()
+        return s * s.item()
+
+    with pytest.raises(RuntimeError, match="full_graph"):
+        torch_xla.compile(bad, full_graph=True)(w)
+
+
+def test_xm_save_moves_to_cpu_and_is_atomic(tmp_path):
+    path = tmp_path / "ck.pt"
+    data = {"w": torch.arange(4.0).to("xla:0"), "n": 3}
+    xm.save(data, str(path))
+    loaded = torch.load(str(path))
+    assert loaded["w"].device.type == "cpu" and loaded["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+    class Boom:
+        def __reduce__(self):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        xm.save({"w": torch.zeros(2).to("xla:0"), "bad": Boom()}, str(path))
+    # The earlier checkpoint is intact and no temporary file is left behind.
+    assert torch.load(str(path))["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert os.listdir(tmp_path) == ["ck.pt"]
+
+
+def test_runtime_queries_single_process():
+    assert xr.world_size() == 1
+    assert xr.global_ordinal() == 0 and xr.local_ordinal() == 0
+    assert xr.device_type() == "CPU"
+    assert xm.xla_device_hw(xm.xla_device()) == "CPU"
+    assert torch_xla.device() == torch.device("xla:0")
+    assert torch_xla.devices()[0] == torch.device("xla:0")
+    assert torch_xla.device_count() >= 1
+    assert xm.is_master_ordinal() and xm.is_master_ordinal(local=False)
+    assert xm.get_ordinal() == 0
+    with pytest.warns(DeprecationWarning):
+        assert xm.xrt_world_size() == 1
+    info = xm.get_memory_info(xm.xla_device())
+    assert info["bytes_limit"] > 0 and info["bytes_used"] >= 0
+    xm.wait_device_ops()
+
+
+def test_single_process_collectives_and_mesh_reduce():
+    x = torch.arange(3.0).to("xla:0")
+    assert_same(xm.all_reduce(xm.REDUCE_SUM, x, scale=2.0), torch.arange(3.0) * 2)
+    assert xm.rendezvous("t", b"hi") == [b"hi"]
+    assert xm.mesh_reduce("acc", 3.5, lambda v: sum(v) / len(v)) == 3.5
+    assert_same(xm.all_gather(x), torch.arange(3.0))
+
+
+def test_launch_debug_single_process():
+    got = []
+    torch_xla.launch(lambda i, a: got.append((i, a)), args=("x",), debug_single_process=True)
+    assert got == [(0, "x")]
+
+
+def test_eager_mode_runs_each_op():
+    from torch_xla.experimental import eager_mode
+    eager_mode(True)
+    try:
+        a = torch.ones(3).to("xla:0")
+        b = a + 1
+        assert state_of(b).is_data
+        f = torch_xla.compile(lambda t: t * 2 + 1)
+        assert_same(f(b), torch.full((3,), 5.0))
+    finally:
+        eager_mode(False)
+    c = torch.ones(3).to("xla:0") + 1
+    assert not state_of(c).is_data
