@@ -171,9 +171,12 @@ class OpKernel:
                         refs.append(None)
                         key.append(None)
                         continue
-                    s = _tensor_state(t, self.name)
-                    if s is None:
-                        s = _scalar_state(t)
+                    if kind == LOT and t.device.type != "xla":
+                        s = from_cpu(t)._xla  # CPU indices are allowed, as on other devices
+                    else:
+                        s = _tensor_state(t, self.name)
+                        if s is None:
+                            s = _scalar_state(t)
                     refs.append(ir.ref(len(operands)))
                     operands.append((s.node, s.idx))
                     key.append((s.shape, s.dtype))
@@ -339,9 +342,39 @@ def set_data(t: torch.Tensor, cpu: torch.Tensor) -> None:
     s.node, s.idx = ns.node, 0
 
 
+_CPU_OPERANDS_OK = frozenset({"index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index",
+                              "_unsafe_index_put", "copy_", "_copy_from", "_copy_from_and_resize"})
+
+
+def _check_devices(name, args, kwargs):
+    """PyTorch's same-device rule: XLA tensors mixed with non-scalar CPU tensors is an error."""
+    devs = set()
+
+    def visit(a):
+        if isinstance(a, torch.Tensor):
+            if a.device.type == "xla":
+                devs.add("xla:0")
+            elif a.dim() > 0:
+                devs.add(str(a.device))
+        elif isinstance(a, (list, tuple)):
+            for x in a:
+                visit(x)
+
+    for a in args:
+        visit(a)
+    for a in kwargs.values():
+        visit(a)
+    if len(devs) > 1 and "xla:0" in devs:
+        other = sorted(d for d in devs if d != "xla:0")[0]
+        raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two "
+                           f"devices, xla:0 and {other}! (when checking argument for aten::{name})")
+
+
 def cpu_fallback(op, args, kwargs):
     """Runs `op` in eager PyTorch on the CPU and moves the results back to the device."""
     name = op._schema.name.split("::")[-1]
+    if name not in _CPU_OPERANDS_OK:
+        _check_devices(name, args, kwargs)
     metrics.inc("aten::" + name)
     xla_args = []
 
