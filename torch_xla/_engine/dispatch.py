@@ -293,6 +293,10 @@ class OpKernel:
                     common = od
         elif first is not None:
             common = first[1]
+        if self.low.promote and common in (torch.bfloat16, torch.float16):
+            # Like PyTorch's CPU kernels, compute half-precision elementwise math in float32
+            # and round once at the end.
+            common = torch.float32
         return ShapeEntry(tuple(avals), structure, common)
 
 
