@@ -31,6 +31,7 @@ _DEFAULT_KIND = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
 _NO_SPECIAL_SCALARS = os.environ.get("XLA_NO_SPECIAL_SCALARS", "0") not in ("", "0")
 _META = torch.device("meta")
 _XLA0 = None
+_REFS = ir.REFS
 # Eager mode (torch_xla.experimental.eager_mode): run each op as it is traced.
 EAGER = [False]
 EAGER_DEFAULT = [False]
@@ -114,45 +115,51 @@ class OpKernel:
         argv = []
         key = [self.name]
         scalars = None
-        kinds = self.kinds
-        for i in range(self.nargs):
-            kind = kinds[i]
+        i = 0
+        for kind in self.kinds:
             v = args[i]
-            if kind == T and not isinstance(v, torch.Tensor):
-                kind = S  # a wrapped Python number
+            i += 1
             if kind == T:
-                s = _tensor_state(v, self.name)
-                if s is None:
-                    s = _scalar_state(v)
-                    key.append(("cpu0d", s.dtype))
-                else:
-                    key.append((s.shape, s.dtype))
-                argv.append(ir.ref(len(operands)))
-                operands.append((s.node, s.idx))
-            elif kind == X:
-                v = _freeze(v)
+                try:
+                    s = v._xla
+                except AttributeError:
+                    if not isinstance(v, torch.Tensor):
+                        kind = S  # a wrapped Python number: handled with the scalars below
+                        s = None
+                    else:
+                        s = _tensor_state(v, self.name)
+                        if s is None:
+                            s = _scalar_state(v)
+                if s is not None:
+                    key.append(s.shape)
+                    key.append(s.dtype)
+                    argv.append(_REFS[len(operands)])
+                    operands.append((s.node, s.idx))
+                    continue
+            if kind == X:
+                if type(v) is list:
+                    v = _freeze(v)
                 argv.append(v)
                 key.append(v)
             elif kind == S or kind == OS:
+                tv = type(v)
                 if v is None:
                     argv.append(None)
                     key.append(None)
-                elif isinstance(v, torch.Tensor):
-                    v = v.item()
-                    if scalars is None:
-                        scalars = []
-                    scalars.append((len(argv), v))
-                    argv.append(None)
-                    key.append(type(v))
-                elif (v == 0 or v == 1) and not _NO_SPECIAL_SCALARS and not isinstance(v, complex):
+                    continue
+                if tv is not int and tv is not float and tv is not bool:
+                    if isinstance(v, torch.Tensor):
+                        v = v.item()
+                        tv = type(v)
+                elif (v == 0 or v == 1) and not _NO_SPECIAL_SCALARS:
                     argv.append(v)
-                    key.append((type(v), v))
-                else:
-                    if scalars is None:
-                        scalars = []
-                    scalars.append((len(argv), v))
-                    argv.append(None)  # filled below, once the param dtype is known
-                    key.append(type(v))
+                    key.append((tv, v))
+                    continue
+                if scalars is None:
+                    scalars = []
+                scalars.append((len(argv), v))
+                argv.append(None)  # filled below, once the parameter dtype is known
+                key.append(tv)
             elif kind == OT:
                 if v is None:
                     argv.append(None)
@@ -161,9 +168,10 @@ class OpKernel:
                     s = _tensor_state(v, self.name)
                     if s is None:
                         s = _scalar_state(v)
-                    argv.append(ir.ref(len(operands)))
+                    argv.append(_REFS[len(operands)])
                     operands.append((s.node, s.idx))
-                    key.append((s.shape, s.dtype))
+                    key.append(s.shape)
+                    key.append(s.dtype)
             else:  # LT / LOT
                 refs = []
                 for t in v:
@@ -179,7 +187,8 @@ class OpKernel:
                             s = _scalar_state(t)
                     refs.append(ir.ref(len(operands)))
                     operands.append((s.node, s.idx))
-                    key.append((s.shape, s.dtype))
+                    key.append(s.shape)
+                    key.append(s.dtype)
                 argv.append(tuple(refs))
                 key.append(len(refs))
         key = tuple(key)
@@ -194,24 +203,28 @@ class OpKernel:
             for pos, v in scalars:
                 argv[pos] = ir.ref(len(operands))
                 operands.append((ir.ScalarParam(v, dt), 0))
-        if self.low.random:
+        low = self.low
+        if low.random:
             seed, counter = rng.next_op()
             argv.append(ir.ref(len(operands)))
             operands.append((rng.seed_node(), 0))
             argv.append(counter)
-        node = ir.Node(self.name, tuple(operands), tuple(argv), entry.avals, self.low,
-                       entry.common if self.low.promote else None)
-        st = entry.structure
-        if st == "one" and not EAGER[0]:
+        node = ir.Node(self.name, tuple(operands), tuple(argv), entry.avals, low,
+                       entry.common if low.promote else None)
+        if entry.structure == "one" and not EAGER[0]:
             shape, dtype = entry.avals[0]
             out = make_tensor(node, 0, shape, dtype)
             return wrap_user(out) if self.is_factory else out
+        return self._outputs(node, entry)
+
+    def _outputs(self, node, entry):
         outs = [None if a is None else make_tensor(node, i, a[0], a[1]) for i, a in enumerate(entry.avals)]
         if EAGER[0]:
             from . import graph_executor
             graph_executor.execute([o._xla for o in outs if o is not None])
         if self.is_factory:
             outs = [wrap_user(o) if o is not None else None for o in outs]
+        st = entry.structure
         if st == "one":
             return outs[0]
         return tuple(outs) if st == "tuple" else outs

@@ -44,7 +44,7 @@ class GraphCompileError(RuntimeError):
 def _subst(a, vals):
     t = type(a)
     if t is ir.Ref:
-        return vals[a.i]
+        return vals[a[1]]
     if t is tuple or t is list:
         return t(_subst(x, vals) for x in a)
     return a

@@ -23,21 +23,22 @@ import numpy as np
 Aval = Tuple[Tuple[int, ...], Any]
 
 
-class Ref:
-    """Placeholder for the i-th operand inside a node's argument tuple."""
-    __slots__ = ("i",)
+class Ref(tuple):
+    """Placeholder for the i-th operand inside a node's argument tuple.
 
-    def __init__(self, i: int):
-        self.i = i
+    A tuple subclass so that hashing and comparing argument tuples stays in C.
+    """
+    __slots__ = ()
 
-    def __hash__(self):
-        return 0x5EED + self.i
+    def __new__(cls, i: int):
+        return tuple.__new__(cls, ("%", i))
 
-    def __eq__(self, other):
-        return isinstance(other, Ref) and other.i == self.i
+    @property
+    def i(self) -> int:
+        return self[1]
 
     def __repr__(self):
-        return f"%{self.i}"
+        return f"%{self[1]}"
 
 
 REFS = [Ref(i) for i in range(512)]
