@@ -1,15 +1,20 @@
-"""Collectives across replicas (processes).
+"""Collectives across replicas (one process per device).
 
-With one replica every collective is the identity (times `scale`); the
-multi-process forms are built from XLA collectives over the job's global mesh.
+Tensor collectives are IR nodes (lowered in lowering/collectives.py) that become
+part of the step's graph; with one replica they are the identity. `rendezvous` and
+`mesh_reduce` exchange host data through the coordination service's key-value
+store, with the job's collective timeout.
 """
 from __future__ import annotations
 
+import itertools
+import pickle
 from typing import Callable, List
 
 import torch
 
 from . import process_group
+from .dispatch import engine_op
 
 _REDUCE_TYPES = ("sum", "mul", "and", "or", "min", "max")
 
@@ -19,80 +24,162 @@ def _check_reduce_type(reduce_type: str) -> None:
         raise ValueError(f"invalid reduce type {reduce_type!r}; expected one of {_REDUCE_TYPES}")
 
 
-def _multi(name: str):
-    raise RuntimeError(
-        f"{name} across {process_group.world_size()} processes is not available in this build: "
-        f"multi-process collectives are not implemented yet")
+def _groups(groups):
+    if not groups:
+        return None
+    return tuple(tuple(int(r) for r in g) for g in groups)
+
+
+def _group_size(groups) -> int:
+    return len(groups[0]) if groups else process_group.world_size()
+
+
+def _assign(dst: torch.Tensor, value: torch.Tensor) -> None:
+    with torch.no_grad():
+        dst.copy_(value)
 
 
 def all_reduce(reduce_type, inputs, scale=1.0, groups=None):
     _check_reduce_type(reduce_type)
-    if process_group.world_size() > 1:
-        _multi("all_reduce")
-    if isinstance(inputs, torch.Tensor):
-        return inputs * scale if scale != 1.0 else inputs.clone()
-    if scale != 1.0:
-        with torch.no_grad():
-            for t in inputs:
-                t.mul_(scale)
+    g = _groups(groups)
+    single = isinstance(inputs, torch.Tensor)
+    tensors = [inputs] if single else list(inputs)
+    outs = []
+    for t in tensors:
+        (o,) = engine_op("xla::all_reduce", [t], (reduce_type, float(scale), g), [(t.shape, t.dtype)])
+        outs.append(o)
+    if single:
+        return outs[0]
+    for t, o in zip(tensors, outs):
+        _assign(t, o)
     return inputs
 
 
 def all_gather(value, dim=0, groups=None, output=None):
-    if process_group.world_size() > 1:
-        _multi("all_gather")
+    g = _groups(groups)
+    n = _group_size(g)
+    dim = dim % max(value.dim(), 1)
+    shape = list(value.shape)
+    if shape:
+        shape[dim] *= n
+    else:
+        shape = [n]
+    (o,) = engine_op("xla::all_gather", [value], (dim, g), [(tuple(shape), value.dtype)])
     if output is not None:
-        with torch.no_grad():
-            output.copy_(value)
+        _assign(output, o)
         return output
-    return value.clone()
+    return o
 
 
 def reduce_scatter(reduce_type, input, scale, scatter_dim, shard_count, groups=None, output=None):
     _check_reduce_type(reduce_type)
-    if process_group.world_size() > 1:
-        _multi("reduce_scatter")
-    if shard_count != 1:
-        raise ValueError(f"reduce_scatter: shard_count {shard_count} must equal the world size 1")
-    inputs = input if isinstance(input, (list, tuple)) else [input]
-    res = [t * scale for t in inputs]
+    g = _groups(groups)
+    if shard_count != _group_size(g):
+        raise ValueError(f"reduce_scatter: shard_count {shard_count} must equal the group size {_group_size(g)}")
+    inputs = list(input) if isinstance(input, (list, tuple)) else [input]
+    res = []
+    for t in inputs:
+        d = scatter_dim % t.dim()
+        if t.shape[d] % shard_count:
+            raise ValueError(f"reduce_scatter: dimension {d} of size {t.shape[d]} is not divisible by "
+                             f"shard_count {shard_count}")
+        shape = list(t.shape)
+        shape[d] //= shard_count
+        (o,) = engine_op("xla::reduce_scatter", [t], (reduce_type, float(scale), d, shard_count, g),
+                         [(tuple(shape), t.dtype)])
+        res.append(o)
     if output is not None:
-        outs = output if isinstance(output, (list, tuple)) else [output]
-        with torch.no_grad():
-            for o, r in zip(outs, res):
-                o.copy_(r)
+        outs = list(output) if isinstance(output, (list, tuple)) else [output]
+        for o, r in zip(outs, res):
+            _assign(o, r)
         return output
     return res if isinstance(input, (list, tuple)) else res[0]
 
 
 def all_to_all(value, split_dimension, concat_dimension, split_count, groups=None):
-    if process_group.world_size() > 1:
-        _multi("all_to_all")
-    if split_count != 1:
-        raise ValueError(f"all_to_all: split_count {split_count} must equal the world size 1")
-    return value.clone()
+    g = _groups(groups)
+    if split_count != _group_size(g):
+        raise ValueError(f"all_to_all: split_count {split_count} must equal the group size {_group_size(g)}")
+    sd = split_dimension % value.dim()
+    cd = concat_dimension % value.dim()
+    if value.shape[sd] % split_count:
+        raise ValueError(f"all_to_all: dimension {sd} of size {value.shape[sd]} is not divisible by "
+                         f"split_count {split_count}")
+    shape = list(value.shape)
+    shape[sd] //= split_count
+    shape[cd] *= split_count
+    (o,) = engine_op("xla::all_to_all", [value], (sd, cd, split_count, g), [(tuple(shape), value.dtype)])
+    return o
 
 
 def collective_permute(value, pairs):
-    if process_group.world_size() > 1:
-        _multi("collective_permute")
-    if any(s == 0 and t == 0 for s, t in pairs):
-        return value.clone()
-    return torch.zeros_like(value)
+    pairs = tuple((int(s), int(t)) for s, t in pairs)
+    (o,) = engine_op("xla::collective_permute", [value], (pairs,), [(value.shape, value.dtype)])
+    return o
+
+
+# ---- host-side exchanges ----------------------------------------------------------------
+
+_rounds = {}
+
+
+def _round(tag: str) -> int:
+    """Each use of a tag is a new round, so tags may be reused."""
+    it = _rounds.setdefault(tag, itertools.count())
+    return next(it)
 
 
 def rendezvous(tag: str, payload: bytes = b"", replicas=()) -> List[bytes]:
-    if process_group.world_size() > 1:
-        _multi("rendezvous")
-    return [payload]
+    world = process_group.world_size()
+    if world <= 1:
+        return [payload]
+    members = sorted(replicas) if replicas else list(range(world))
+    me = process_group.global_ordinal()
+    if me not in members:
+        raise ValueError(f"rendezvous {tag!r}: replica {me} is not in {members}")
+    client = process_group.kv_client()
+    r = _round(tag)
+    prefix = f"torch_xla/rendezvous/{tag}/{r}/"
+    client.key_value_set_bytes(prefix + str(me), bytes(payload))
+    timeout_ms = process_group.collective_timeout_s() * 1000
+    out = []
+    for m in members:
+        try:
+            out.append(client.blocking_key_value_get_bytes(prefix + str(m), timeout_ms))
+        except Exception as e:
+            raise RuntimeError(f"rendezvous {tag!r}: replica {m} did not arrive within "
+                               f"{timeout_ms // 1000} s ({e})") from None
+    return out
 
 
 def mesh_reduce(tag: str, data, reduce_fn: Callable):
-    if process_group.world_size() > 1:
-        _multi("mesh_reduce")
-    return reduce_fn([data])
+    if process_group.world_size() <= 1:
+        return reduce_fn([data])
+    payloads = rendezvous(tag, pickle.dumps(_host_tree(data)))
+    return reduce_fn([pickle.loads(p) for p in payloads])
+
+
+def _host_tree(data):
+    if isinstance(data, torch.Tensor):
+        return data.cpu()
+    if isinstance(data, (list, tuple)):
+        return type(data)(_host_tree(x) for x in data)
+    if isinstance(data, dict):
+        return {k: _host_tree(v) for k, v in data.items()}
+    return data
 
 
 def broadcast_master_param(model: torch.nn.Module) -> None:
-    if process_group.world_size() > 1:
-        _multi("broadcast_master_param")
+    if process_group.world_size() <= 1:
+        return
+    tensors = [p for p in model.parameters()] + [b for b in model.buffers()]
+    if not tensors:
+        return
+    master = process_group.global_ordinal() == 0
+    for t in tensors:
+        with torch.no_grad():
+            contrib = t if master else torch.zeros_like(t)
+            (o,) = engine_op("xla::all_reduce", [contrib], ("sum", 1.0, None), [(t.shape, t.dtype)])
+            t.copy_(o)
+    from . import graph_executor
+    graph_executor.sync()

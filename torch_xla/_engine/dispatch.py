@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
-from . import ir, metrics, runtime, rng
+from . import ir, metrics, process_group, runtime, rng
 from .lowering import LOWERINGS, Lowering, load_all
 from .tensor import (XlaState, make_tensor, pending, state_of, unwrap, wrap_user, _is_functional)
 
@@ -28,7 +28,11 @@ _KIND_OF_TYPE = {
     "number": S, "Optional[number]": OS,
 }
 _DEFAULT_KIND = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
-_NO_SPECIAL_SCALARS = os.environ.get("XLA_NO_SPECIAL_SCALARS", "0") not in ("", "0")
+# 0 and 1 are baked into programs, other Python scalars are parameters. In a multi-process
+# job every replica must compile the same program for its collectives to match, and a
+# value like `rank * 10` would differ between them: there all scalars are parameters.
+_NO_SPECIAL_SCALARS = (os.environ.get("XLA_NO_SPECIAL_SCALARS", "0") not in ("", "0")
+                       or process_group.world_size() > 1)
 _META = torch.device("meta")
 _XLA0 = None
 _REFS = ir.REFS
@@ -577,3 +581,19 @@ def register() -> None:
         _lib.impl(name, fn, "PrivateUse1")
     _lib_fallback = torch.library.Library("_", "IMPL")
     _lib_fallback.fallback(_fallback_kernel, "PrivateUse1")
+
+
+def engine_op(name: str, inputs, statics: tuple, avals) -> list:
+    """Applies engine op `name` (a lowering registered as "xla::...") to XLA tensors.
+
+    The lowering receives the inputs' jax values followed by `statics`; `avals` are the
+    (shape, dtype) of its outputs. Returns new user-level XLA tensors.
+    """
+    operands = []
+    for t in inputs:
+        s = state_of(t)
+        operands.append((s.node, s.idx))
+    args = tuple(ir.ref(i) for i in range(len(operands))) + tuple(_freeze(v) for v in statics)
+    node = ir.Node(name, tuple(operands), args, tuple((tuple(sh), dt) for sh, dt in avals),
+                   LOWERINGS[name], None)
+    return [wrap_user(make_tensor(node, i, tuple(sh), dt)) for i, (sh, dt) in enumerate(avals)]

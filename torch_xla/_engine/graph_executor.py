@@ -18,10 +18,12 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from . import ir, metrics, runtime
+from . import ir, metrics, process_group, runtime
 from .lowering import LOWERINGS, ctx as lowering_ctx
 from .tensor import XlaState, pending
 
+COLLECTIVE_OPS = frozenset({"xla::all_reduce", "xla::all_gather", "xla::reduce_scatter",
+                            "xla::all_to_all", "xla::collective_permute"})
 _lock = threading.RLock()
 _cache: Dict[int, "Executable"] = {}
 _step_closures: List = []
@@ -109,13 +111,17 @@ class Graph:
         params = []      # leaf nodes bound to parameters, in slot order
         slot = {}        # id(leaf) -> slot
         index = {}       # id(node) -> position in order
-        sig = []
+        collective = False
         for pos, n in enumerate(order):
             index[id(n)] = pos
             t = type(n)
             if t is ir.DeviceData or t is ir.ScalarParam:
                 slot[id(n)] = len(params)
                 params.append(n)
+            elif n.op in COLLECTIVE_OPS:
+                collective = True
+        # A graph with a collective runs on every replica as one SPMD program.
+        self.replicated = collective and process_group.is_multiprocess()
         self.params = params
         self.slot = slot
         self.index = index
@@ -125,7 +131,8 @@ class Graph:
         for n in order:
             if n.operands:
                 binding.append(tuple(index[id(o)] for o, _ in n.operands))
-        self.key = hash((tuple((n.hash, i) for n, i in self.roots), tuple(binding), len(order)))
+        self.key = hash((tuple((n.hash, i) for n, i in self.roots), tuple(binding), len(order),
+                         self.replicated))
 
     def param_values(self):
         out = []
@@ -220,6 +227,9 @@ def _donatable(graph: Graph, roots_states) -> tuple:
 def _compile(graph: Graph, args, donate):
     jax = runtime.jax_module()
     fn = graph.build_fn()
+    if graph.replicated:
+        fn = _replicated(fn, graph)
+        donate = ()
     with metrics.timed("CompileTime"):
         lowered = jax.jit(fn, donate_argnums=donate, keep_unused=True).lower(*args)
         compiled = lowered.compile()
@@ -227,15 +237,71 @@ def _compile(graph: Graph, args, donate):
     return Executable(compiled, len(graph.roots), donate)
 
 
+def _replicated(fn, graph):
+    """Wraps a local program as an SPMD program over the replica mesh (axis 'r').
+
+    Each global parameter is every replica's local buffer concatenated on dim 0 (0-d
+    values as shape (1,)), so inside the program each replica sees its own values.
+    """
+    jax = runtime.jax_module()
+    from jax.sharding import PartitionSpec as P
+    from .lowering import ctx
+    mesh = process_group.replica_mesh()
+    world = mesh.devices.size
+    in_shapes = [p.avals[0][0] for p in graph.params]
+    out_shapes = [n.avals[i][0] for n, i in graph.roots]
+
+    def body(*gparams):
+        local = [g.reshape(()) if len(s) == 0 else g for g, s in zip(gparams, in_shapes)]
+        ctx.axis, ctx.world = "r", world
+        try:
+            outs = fn(*local)
+        finally:
+            ctx.axis, ctx.world = None, 1
+        return tuple(o.reshape((1,)) if len(s) == 0 else o for o, s in zip(outs, out_shapes))
+
+    spec = P("r")
+    return jax.shard_map(body, mesh=mesh, in_specs=tuple(spec for _ in in_shapes),
+                         out_specs=tuple(spec for _ in out_shapes), check_vma=False)
+
+
+def _to_global(args, graph):
+    """Local buffers -> global arrays sharded over the replica mesh."""
+    jax = runtime.jax_module()
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    mesh = process_group.replica_mesh()
+    world = mesh.devices.size
+    sharding = NamedSharding(mesh, P("r"))
+    dev = runtime.default_device()
+    out = []
+    for a, p in zip(args, graph.params):
+        shape = p.avals[0][0]
+        if len(shape) == 0:
+            a = np.reshape(np.asarray(a), (1,)) if not hasattr(a, "addressable_shards") else a.reshape((1,))
+        if not hasattr(a, "addressable_shards"):
+            a = jax.device_put(a, dev)
+        gshape = (a.shape[0] * world,) + tuple(a.shape[1:])
+        out.append(jax.make_array_from_single_device_arrays(gshape, sharding, [a]))
+    return out
+
+
+def _from_global(outs, graph):
+    res = []
+    for o, (n, i) in zip(outs, graph.roots):
+        local = o.addressable_shards[0].data
+        if len(n.avals[i][0]) == 0:
+            local = local.reshape(())
+        res.append(local)
+    return res
+
+
 def lower_text(roots) -> str:
     """The StableHLO text of the program computing `roots` (no execution)."""
-    jax = runtime.jax_module()
-    graph = Graph(roots)
-    args = graph.param_values()
-    return jax.jit(graph.build_fn(), keep_unused=True).lower(*args).as_text()
+    return lowered(roots).as_text()
 
 
 def lowered(roots):
+    """The jax `Lowered` program computing `roots` (no compilation, no execution)."""
     jax = runtime.jax_module()
     graph = Graph(roots)
     args = graph.param_values()
@@ -257,7 +323,10 @@ def execute(states: List[XlaState]) -> None:
             roots.append((s.node, s.idx))
     graph = Graph(roots)
     args = graph.param_values()
-    donate = _donatable(graph, states)
+    replicated = graph.replicated
+    donate = () if replicated else _donatable(graph, states)
+    if replicated:
+        args = _to_global(args, graph)
     key = hash((graph.key, donate))
     exe = _cache.get(key)
     if exe is None:
@@ -265,9 +334,11 @@ def execute(states: List[XlaState]) -> None:
         _cache[key] = exe
     else:
         metrics.inc("CachedCompile")
-    del graph
     with metrics.timed("ExecuteTime"):
         outs = exe.compiled(*args)
+    if replicated:
+        outs = _from_global(outs, graph)
+    del graph
     metrics.inc("ExecuteCount")
     del args
     for s in states:

@@ -38,3 +38,70 @@ def master_ip() -> str:
     if addr:
         return addr.split(":")[0]
     return "127.0.0.1"
+
+
+# ---- the jax distributed runtime -------------------------------------------------------
+
+_dist = {"initialized": False, "mesh": None}
+
+
+def coordinator_address() -> str | None:
+    """host:port of jax's coordination service for this job (None for one process)."""
+    addr = os.environ.get("TORCH_XLA_JAX_COORDINATOR")
+    if addr:
+        return addr
+    if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+        # Launched by torchrun: its store listens on MASTER_PORT; the coordinator takes the next port.
+        return f"{os.environ['MASTER_ADDR']}:{int(os.environ['MASTER_PORT']) + 1}"
+    return None
+
+
+def collective_timeout_s() -> int:
+    """How long a process waits for its peers (XLA_COLLECTIVE_TIMEOUT_S, default 30 minutes)."""
+    return int(os.environ.get("XLA_COLLECTIVE_TIMEOUT_S", "1800"))
+
+
+def initialize(jax) -> None:
+    """Joins the multi-process job (jax.distributed) when this process is one of several."""
+    if _dist["initialized"] or world_size() <= 1:
+        return
+    _dist["initialized"] = True
+    addr = coordinator_address()
+    if addr is None:
+        raise RuntimeError(
+            f"WORLD_SIZE={world_size()} but no coordinator address: start the job with "
+            f"torch_xla.launch / xmp.spawn or torchrun (MASTER_ADDR/MASTER_PORT), or set "
+            f"TORCH_XLA_JAX_COORDINATOR=host:port")
+    try:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    except Exception:
+        pass
+    timeout = collective_timeout_s()
+    jax.distributed.initialize(coordinator_address=addr, num_processes=world_size(),
+                               process_id=global_ordinal(), initialization_timeout=timeout,
+                               heartbeat_timeout_seconds=int(os.environ.get("XLA_HEARTBEAT_TIMEOUT_S", "60")))
+
+
+def is_multiprocess() -> bool:
+    return world_size() > 1
+
+
+def replica_mesh():
+    """The 1-d mesh ('r') of every process's device, in global ordinal order."""
+    if _dist["mesh"] is None:
+        import numpy as np
+        from . import runtime
+        jax = runtime.jax_module()
+        from jax.sharding import Mesh
+        devs = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+        _dist["mesh"] = Mesh(np.array(devs), ("r",))
+    return _dist["mesh"]
+
+
+def kv_client():
+    """The coordination service client (key-value store and barriers) of this job."""
+    from jax._src import distributed
+    c = distributed.global_state.client
+    if c is None:
+        raise RuntimeError("the multi-process runtime is not initialised")
+    return c

@@ -26,7 +26,8 @@ def _configure_env() -> None:
         n = os.environ.get("CPU_NUM_DEVICES")
         if n and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
             # Only in a single process: in a multi-process job each process owns one device.
-            if not os.environ.get("TORCH_XLA_JAX_PROCESS_ID"):
+            from . import process_group
+            if process_group.world_size() <= 1:
                 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                            f" --xla_force_host_platform_device_count={int(n)}").strip()
     elif pjrt in _PLATFORMS:
@@ -43,6 +44,8 @@ def jax_module():
             _configure_env()
             import jax
             jax.config.update("jax_enable_x64", True)
+            from . import process_group
+            process_group.initialize(jax)
             _state["jax"] = jax
     return _state["jax"]
 

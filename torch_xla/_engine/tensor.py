@@ -56,8 +56,11 @@ class _Pending:
 
     def take_live(self):
         """Returns the live states with pending IR, and forgets the rest."""
+        # Copy then delete the copied prefix: appends racing with this (other threads
+        # tracing) land after the prefix and are kept for the next barrier.
         with self.lock:
-            refs, self.refs = self.refs, []
+            refs = self.refs[:]
+            del self.refs[:len(refs)]
         out = []
         seen = set()
         for r in refs:

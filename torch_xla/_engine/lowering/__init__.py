@@ -77,6 +77,8 @@ class _Ctx(threading.local):
     """What the executor knows about the node being lowered (its output avals)."""
     out = None  # tuple of (shape, np dtype)
     node = None
+    axis = None  # the replica axis name inside a multi-process program, else None
+    world = 1    # number of replicas on that axis
 
 
 ctx = _Ctx()
@@ -101,4 +103,4 @@ def rng_key(seed, counter: int):
 def load_all() -> None:
     """Imports every lowering family (each registers itself)."""
     from . import (elementwise, reductions, shape_ops, nn_ops, indexing, factories,  # noqa: F401
-                   linalg, random_ops, collectives)
+                   linalg, random_ops, collectives, foreach)

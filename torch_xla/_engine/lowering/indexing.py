@@ -1,8 +1,335 @@
-"""indexing lowerings."""
+"""Indexing: advanced indexing (`index`, `index_put`), gather/scatter, the index_* family,
+masked_scatter, take/put.
+
+Index values are data: they cannot be checked at trace time. Negative indices wrap as
+in PyTorch (jax's indexing normalises them); out-of-range indices are not an error here
+(gathers clamp, scatters drop the update) where the CPU raises.
+
+Boolean masks make shapes data dependent: `x[mask]` (aten::index with a bool index)
+runs on the CPU fallback, since PyTorch's meta kernel refuses it. `x[mask] = v`
+(index_put with a bool index) keeps the shape of x and is lowered when v is a single
+value or broadcasts along the selected dimension (a `where`), or when v carries the
+number of selected elements (then that count is static).
+"""
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from . import lowering, out_dtype, out_shape
+
+
+def _dim(d, n):
+    return d + n if d < 0 else d
+
+
+def _is_bool(a):
+    return a is not None and a.dtype in (jnp.bool_, jnp.uint8)
+
+
+def _full_index(indices, ndim):
+    """PyTorch's index list (None = whole dim, may be short) as a numpy-style tuple."""
+    idx = [slice(None) if i is None else i for i in indices]
+    return tuple(idx) + (slice(None),) * (ndim - len(idx))
+
+
+# ---- index / index_put ---------------------------------------------------------------------
+
+@lowering("aten::index.Tensor", "aten::index.Tensor_hacked_twin", "aten::_unsafe_index.Tensor",
+          "aten::_unsafe_index.Tensor_hacked_twin")
+def index(x, indices):
+    if x.ndim == 0:
+        return x
+    return x[_full_index(indices, x.ndim)]
+
+
+def _bool_index_put(x, indices, values, accumulate):
+    """index_put with a bool/uint8 mask among the indices."""
+    pos = [i for i, a in enumerate(indices) if a is not None]
+    bpos = [i for i in pos if _is_bool(indices[i])]
+    # Turn each mask into integer index arrays when the number of selected elements is
+    # known from values; otherwise (values broadcast over it) use a select.
+    if len(pos) == 1:
+        p = pos[0]
+        mask = indices[p].astype(bool)
+        k = mask.ndim
+        rest = x.shape[p + k:]
+        rlen = p + 1 + len(rest)  # rank of x[mask]
+        cdim = rlen - p            # the count dim, counted from the right
+        vshape = jnp.shape(values)
+        if len(vshape) < cdim or vshape[len(vshape) - cdim] == 1:
+            r_shape = x.shape[:p] + (1,) + rest
+            v = jnp.broadcast_to(jnp.asarray(values).astype(x.dtype), r_shape)
+            v = jnp.reshape(v, x.shape[:p] + (1,) * k + rest)
+            m = jnp.reshape(mask, (1,) * p + mask.shape + (1,) * len(rest))
+            if accumulate:
+                return x + jnp.where(m, v, jnp.zeros((), x.dtype))
+            return jnp.where(m, v, x)
+    new = list(indices)
+    for p in bpos:
+        mask = indices[p].astype(bool)
+        # the count: values' extent along the result dim of this mask
+        first = pos[0]
+        rest_after = x.ndim - (first + sum(indices[i].ndim if _is_bool(indices[i]) else 1 for i in pos))
+        vshape = jnp.shape(values)
+        cdim = rest_after + 1
+        count = vshape[len(vshape) - cdim] if len(vshape) >= cdim else 1
+        nz = jnp.nonzero(mask, size=count, fill_value=0)
+        new[p:p + 1] = list(nz)
+    return _index_put_int(x, tuple(new), values, accumulate)
+
+
+def _index_put_int(x, indices, values, accumulate):
+    idx = _full_index(indices, x.ndim)
+    v = jnp.asarray(values).astype(x.dtype)
+    ref = x.at[idx]
+    return ref.add(v) if accumulate else ref.set(v)
+
+
+@lowering("aten::index_put", "aten::index_put.hacked_twin", "aten::_unsafe_index_put",
+          "aten::_unsafe_index_put.hacked_twin")
+def index_put(x, indices, values, accumulate=False):
+    if x.ndim == 0:
+        v = jnp.reshape(jnp.asarray(values).astype(x.dtype), ())
+        if any(_is_bool(a) for a in indices):
+            m = jnp.reshape([a for a in indices if a is not None][0], ()).astype(bool)
+            return jnp.where(m, x + v if accumulate else v, x)
+        return x + v if accumulate else v
+    if any(_is_bool(a) for a in indices):
+        return _bool_index_put(x, indices, values, accumulate)
+    return _index_put_int(x, indices, values, accumulate)
+
+
+@lowering("aten::_index_put_impl")
+def index_put_impl(x, indices, values, accumulate=False, unsafe=False):
+    return index_put(x, indices, values, accumulate)
+
+
+# ---- gather / scatter ----------------------------------------------------------------------
+
+def _coords(index, dim):
+    """Full coordinates of every element of `index` with `index` itself along dim."""
+    shape = index.shape
+    out = []
+    for d in range(len(shape)):
+        if d == dim:
+            out.append(index)
+        else:
+            out.append(lax.broadcasted_iota(jnp.int64, shape, d))
+    return tuple(out)
+
+
+def _as1d(*arrays):
+    return [jnp.reshape(a, (1,)) if a is not None and jnp.ndim(a) == 0 else a for a in arrays]
+
+
+@lowering("aten::gather")
+def gather(x, dim, index, sparse_grad=False):
+    if index.size == 0:
+        return jnp.zeros(index.shape, x.dtype)
+    scalar = x.ndim == 0 or index.ndim == 0
+    if scalar:
+        x, index = jnp.reshape(x, (-1,)), jnp.reshape(index, (-1,))
+        dim = 0
+    dim = _dim(dim, x.ndim)
+    # The index may be smaller than x on the other dims: only that corner is read.
+    sl = tuple(slice(0, index.shape[d]) if d != dim else slice(None) for d in range(x.ndim))
+    out = jnp.take_along_axis(x[sl], index.astype(jnp.int64), axis=dim, mode="clip")
+    return jnp.reshape(out, out_shape()) if scalar else out
+
+
+def _scatter_prep(x, dim, index, src):
+    if x.ndim == 0:
+        x1 = jnp.reshape(x, (1,))
+        idx = jnp.reshape(index, (1,))
+        s = src if jnp.ndim(src) == 0 else jnp.reshape(src, (-1,))
+        return x1, 0, idx, s, True
+    if index.ndim == 0:  # one element: a 1-element index along dim
+        index = jnp.reshape(index, (1,) * x.ndim)
+        if jnp.ndim(src) != 0:
+            src = jnp.reshape(src, (1,) * x.ndim)
+    return x, _dim(dim, x.ndim), index, src, False
+
+
+def _src_part(src, index, dt):
+    src = jnp.asarray(src)
+    if src.ndim == 0:
+        return src.astype(dt)
+    sl = tuple(slice(0, n) for n in index.shape)
+    return src[sl].astype(dt)
+
+
+def _scatter(x, dim, index, src, mode):
+    if index.size == 0:
+        return x
+    x1, dim, index, src, scalar = _scatter_prep(x, dim, index, src)
+    c = _coords(index.astype(jnp.int64), dim)
+    v = _src_part(src, index, x1.dtype)
+    ref = x1.at[c]
+    if mode == "set":
+        out = ref.set(v)
+    elif mode in ("add", "sum"):
+        out = ref.add(v)
+    elif mode in ("multiply", "prod"):
+        out = ref.multiply(v)
+    elif mode == "amax":
+        out = ref.max(v)
+    elif mode == "amin":
+        out = ref.min(v)
+    else:
+        raise ValueError(f"reduce argument must be either add or multiply, got {mode}")
+    return jnp.reshape(out, x.shape) if scalar else out
+
+
+@lowering("aten::scatter.src", "aten::scatter.value")
+def scatter(x, dim, index, src):
+    return _scatter(x, dim, index, src, "set")
+
+
+@lowering("aten::scatter.reduce", "aten::scatter.value_reduce")
+def scatter_reduce_legacy(x, dim, index, src, reduce):
+    return _scatter(x, dim, index, src, reduce)
+
+
+@lowering("aten::scatter_add")
+def scatter_add(x, dim, index, src):
+    return _scatter(x, dim, index, src, "add")
+
+
+def _identity(reduce, dt):
+    if reduce in ("sum", "mean"):
+        return jnp.zeros((), dt)
+    if reduce == "prod":
+        return jnp.ones((), dt)
+    if jnp.issubdtype(dt, jnp.floating):
+        return jnp.asarray(-jnp.inf if reduce == "amax" else jnp.inf, dt)
+    if dt == jnp.bool_:
+        return jnp.asarray(reduce != "amax", dt)
+    info = jnp.iinfo(dt)
+    return jnp.asarray(info.min if reduce == "amax" else info.max, dt)
+
+
+@lowering("aten::scatter_reduce.two")
+def scatter_reduce(x, dim, index, src, reduce, include_self=True):
+    if index.size == 0:
+        return x
+    x1, d, idx, s, scalar = _scatter_prep(x, dim, index, src)
+    dt = x1.dtype
+    c = _coords(idx.astype(jnp.int64), d)
+    v = _src_part(s, idx, dt)
+    count = jnp.zeros(x1.shape, jnp.int64).at[c].add(1)
+    base = x1 if include_self else jnp.where(count > 0, _identity(reduce, dt), x1)
+    ref = base.at[c]
+    if reduce in ("sum", "mean"):
+        out = ref.add(v)
+    elif reduce == "prod":
+        out = ref.multiply(v)
+    elif reduce == "amax":
+        out = ref.max(v)
+    elif reduce == "amin":
+        out = ref.min(v)
+    else:
+        raise ValueError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
+    if reduce == "mean":
+        n = count + 1 if include_self else count
+        n = jnp.maximum(n, 1)
+        if jnp.issubdtype(dt, jnp.floating) or jnp.issubdtype(dt, jnp.complexfloating):
+            out = out / n.astype(dt)
+        else:
+            out = jnp.floor_divide(out, n.astype(dt))
+    return jnp.reshape(out, x.shape) if scalar else out
+
+
+# ---- index_select / index_add / index_copy / index_fill ------------------------------------
+
+def _along(ndim, dim, index):
+    idx = [slice(None)] * ndim
+    idx[dim] = jnp.reshape(index, (-1,))
+    return tuple(idx)
+
+
+@lowering("aten::index_select")
+def index_select(x, dim, index):
+    if x.ndim == 0:
+        return jnp.reshape(x, out_shape())
+    dim = _dim(dim, x.ndim)
+    return jnp.take(x, jnp.reshape(index, (-1,)), axis=dim, mode="clip")
+
+
+def _index_update(x, dim, index, source, op):
+    if x.ndim == 0:
+        s = jnp.reshape(jnp.asarray(source), ()).astype(x.dtype)
+        return x + s if op == "add" else s
+    dim = _dim(dim, x.ndim)
+    src = jnp.asarray(source)
+    if src.ndim == 0 and op != "fill":
+        src = jnp.reshape(src, (1,) * x.ndim)
+    ref = x.at[_along(x.ndim, dim, index)]
+    src = src.astype(x.dtype)
+    return ref.add(src) if op == "add" else ref.set(src)
+
+
+@lowering("aten::index_add")
+def index_add(x, dim, index, source, alpha=1):
+    if not (isinstance(alpha, (int, float)) and alpha == 1):
+        source = source * jnp.asarray(alpha).astype(source.dtype)
+    return _index_update(x, dim, index, source, "add")
+
+
+@lowering("aten::index_copy")
+def index_copy(x, dim, index, source):
+    return _index_update(x, dim, index, source, "set")
+
+
+@lowering("aten::index_fill.int_Scalar", "aten::index_fill.int_Tensor")
+def index_fill(x, dim, index, value):
+    return _index_update(x, dim, index, jnp.asarray(value).astype(x.dtype), "fill")
+
+
+# ---- masked_scatter ------------------------------------------------------------------------
+
+@lowering("aten::masked_scatter")
+def masked_scatter(x, mask, source):
+    shape = out_shape()
+    xb = jnp.broadcast_to(x, shape).reshape(-1)
+    m = jnp.broadcast_to(mask, shape).reshape(-1).astype(bool)
+    src = jnp.reshape(source, (-1,)).astype(xb.dtype)
+    if src.size == 0:
+        return jnp.reshape(xb, shape)
+    pos = jnp.cumsum(m.astype(jnp.int64)) - 1
+    vals = jnp.take(src, jnp.clip(pos, 0, src.size - 1))
+    return jnp.reshape(jnp.where(m, vals, xb), shape)
+
+
+@lowering("aten::masked_scatter_backward")
+def masked_scatter_backward(grad, mask, sizes):
+    sizes = tuple(sizes)
+    n = int(np.prod(sizes)) if sizes else 1
+    m = jnp.broadcast_to(mask, grad.shape).reshape(-1).astype(bool)
+    pos = jnp.cumsum(m.astype(jnp.int64)) - 1
+    target = jnp.where(m, pos, n)  # unselected elements go out of range: dropped
+    out = jnp.zeros((n,), grad.dtype).at[target].add(jnp.reshape(grad, (-1,)), mode="drop")
+    return jnp.reshape(out, sizes)
+
+
+# ---- take / put ----------------------------------------------------------------------------
+
+@lowering("aten::take")
+def take(x, index):
+    flat = jnp.reshape(x, (-1,))
+    return flat[index]
+
+
+@lowering("aten::put")
+def put(x, index, source, accumulate=False):
+    flat = jnp.reshape(x, (-1,))
+    i = jnp.reshape(index, (-1,))
+    s = jnp.reshape(source, (-1,)).astype(x.dtype)
+    out = flat.at[i].add(s) if accumulate else flat.at[i].set(s)
+    return jnp.reshape(out, x.shape)
+
+
+# take_along_dim and index_select_backward are CompositeImplicitAutograd (they decompose
+# into gather / index_add): a backend kernel for them would hide their autograd formula.

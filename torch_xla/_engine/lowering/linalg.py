@@ -1,8 +1,464 @@
-"""linalg lowerings."""
+"""Matrix products and linear algebra (forward and the backward ops autograd uses).
+
+Products run at HIGHEST precision (full float32 on every backend) and bf16/f16 products
+accumulate in float32 (the executor rounds the result once, as the CPU kernels do).
+Factorizations follow LAPACK's conventions where PyTorch exposes them: `pivots` are
+1-based int32 row swaps (getrf), `info` is int32 (0 = success, k > 0 = the failing
+leading minor / zero pivot, 1-based).
+"""
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from . import lowering, out_dtype, out_shape
+
+_HI = lax.Precision.HIGHEST
+_HALF = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
+
+
+def _pet(*xs):
+    """preferred_element_type: float32 accumulation for half types."""
+    dt = jnp.result_type(*xs)
+    return jnp.float32 if np.dtype(dt) in _HALF else None
+
+
+def _matmul(a, b):
+    return jnp.matmul(a, b, precision=_HI, preferred_element_type=_pet(a, b))
+
+
+def _is_num(v, k):
+    return isinstance(v, (int, float, bool)) and v == k
+
+
+def _scaled_add(self, prod, beta, alpha):
+    """beta * self + alpha * prod; with beta == 0 `self` is ignored (NaN/inf included)."""
+    if not _is_num(alpha, 1):
+        prod = prod * (jnp.asarray(alpha).astype(prod.dtype) if hasattr(alpha, "dtype") else alpha)
+    if _is_num(beta, 0):
+        return prod
+    s = self.astype(prod.dtype)
+    if not _is_num(beta, 1):
+        s = s * (jnp.asarray(beta).astype(prod.dtype) if hasattr(beta, "dtype") else beta)
+    return s + prod
+
+
+def _mT(x):
+    return jnp.swapaxes(x, -1, -2)
+
+
+def _mH(x):
+    return jnp.conj(_mT(x)) if jnp.issubdtype(x.dtype, jnp.complexfloating) else _mT(x)
+
+
+# ---- products -------------------------------------------------------------------------------------
+
+@lowering("aten::mm", "aten::bmm", "aten::mv")
+def mm(x, y):
+    return _matmul(x, y)
+
+
+@lowering("aten::dot")
+def dot(x, y):
+    return jnp.dot(x, y, precision=_HI, preferred_element_type=_pet(x, y))
+
+
+@lowering("aten::vdot")
+def vdot(x, y):
+    return jnp.dot(jnp.conj(x), y, precision=_HI, preferred_element_type=_pet(x, y))
+
+
+@lowering("aten::addmm", "aten::addmv", "aten::baddbmm")
+def addmm(self, m1, m2, beta=1, alpha=1):
+    return _scaled_add(self, _matmul(m1, m2), beta, alpha)
+
+
+@lowering("aten::addbmm")
+def addbmm(self, b1, b2, beta=1, alpha=1):
+    p = jnp.einsum("bij,bjk->ik", b1, b2, precision=_HI, preferred_element_type=_pet(b1, b2))
+    return _scaled_add(self, p, beta, alpha)
+
+
+@lowering("aten::addr")
+def addr(self, v1, v2, beta=1, alpha=1):
+    p = v1[:, None] * v2[None, :]
+    return _scaled_add(self, p, beta, alpha)
+
+
+@lowering("aten::linalg_cross")
+def linalg_cross(x, y, dim=-1):
+    shape = out_shape()
+    dt = out_dtype()
+    x = jnp.broadcast_to(x.astype(dt), shape)
+    y = jnp.broadcast_to(y.astype(dt), shape)
+    d = dim % len(shape)
+    x = jnp.moveaxis(x, d, -1)
+    y = jnp.moveaxis(y, d, -1)
+    x0, x1, x2 = x[..., 0], x[..., 1], x[..., 2]
+    y0, y1, y2 = y[..., 0], y[..., 1], y[..., 2]
+    r = jnp.stack([x1 * y2 - x2 * y1, x2 * y0 - x0 * y2, x0 * y1 - x1 * y0], axis=-1)
+    return jnp.moveaxis(r, -1, d)
+
+
+@lowering("aten::diag_embed")
+def diag_embed(x, offset=0, dim1=-2, dim2=-1):
+    shape = out_shape()
+    nd = len(shape)
+    d1, d2 = dim1 % nd, dim2 % nd
+    k = x.shape[-1]
+    n = k + abs(offset)
+    i = np.arange(k)
+    r, c = i + max(0, -offset), i + max(0, offset)
+    m = jnp.zeros(x.shape[:-1] + (n, n), x.dtype).at[..., r, c].set(x)
+    if d1 > d2:  # the diagonal plane's first axis is dim1 wherever it sits
+        m = jnp.swapaxes(m, -1, -2)
+        d1, d2 = d2, d1
+    return jnp.moveaxis(m, (-2, -1), (d1, d2))
+
+
+@lowering("aten::trace")
+def trace(x):
+    dt = out_dtype()
+    return jnp.trace(x.astype(jnp.float32 if np.dtype(dt) in _HALF else dt))
+
+
+# ---- distances ---------------------------------------------------------------------------------
+
+def _cdist_uses_mm(p, r1, r2, mode):
+    return p == 2.0 and (mode == 1 or ((mode is None or mode == 0) and (r1 > 25 or r2 > 25)))
+
+
+@lowering("aten::_cdist_forward")
+def cdist_forward(x1, x2, p, compute_mode=None):
+    dt = out_dtype()
+    x1, x2 = x1.astype(_calc_dt(dt)), x2.astype(_calc_dt(dt))
+    batch = jnp.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
+    x1 = jnp.broadcast_to(x1, batch + x1.shape[-2:])
+    x2 = jnp.broadcast_to(x2, batch + x2.shape[-2:])
+    if x1.shape[-1] == 0:
+        return jnp.zeros(out_shape(), dt)
+    if _cdist_uses_mm(p, x1.shape[-2], x2.shape[-2], compute_mode):
+        return euclidean_dist(x1, x2)  # |a|^2 + |b|^2 - 2 a.b (PyTorch's matrix-product path)
+    diff = jnp.abs(x1[..., :, None, :] - x2[..., None, :, :])
+    if p == 0:
+        return jnp.sum((diff != 0).astype(diff.dtype), axis=-1)
+    if p == float("inf"):
+        return jnp.max(diff, axis=-1)
+    if p == 1:
+        return jnp.sum(diff, axis=-1)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(diff * diff, axis=-1))
+    return jnp.sum(diff ** p, axis=-1) ** (1.0 / p)
+
+
+@lowering("aten::_euclidean_dist")
+def euclidean_dist(x1, x2):
+    dt = out_dtype()
+    x1, x2 = x1.astype(_calc_dt(dt)), x2.astype(_calc_dt(dt))
+    n1 = jnp.sum(x1 * x1, axis=-1, keepdims=True)
+    n2 = jnp.sum(x2 * x2, axis=-1, keepdims=True)
+    d2 = n1 - 2 * _matmul(x1, _mT(x2)) + _mT(n2)
+    return jnp.sqrt(jnp.maximum(d2, 0))
+
+
+@lowering("aten::_cdist_backward")
+def cdist_backward(grad, x1, x2, p, dist):
+    """The gradient of cdist with respect to x1 (x2's comes from swapped arguments)."""
+    dt = _calc_dt(out_dtype())
+    grad, x1, x2, dist = (t.astype(dt) for t in (grad, x1, x2, dist))
+    batch = out_shape()[:-2]
+    x1 = jnp.broadcast_to(x1, batch + x1.shape[-2:])
+    x2 = jnp.broadcast_to(x2, batch + x2.shape[-2:])
+    if p == 0 or x1.shape[-1] == 0:
+        return jnp.zeros(out_shape(), dt)
+    diff = x1[..., :, None, :] - x2[..., None, :, :]          # (..., P, R, M)
+    g = grad[..., None]
+    d = dist[..., None]
+    zero = jnp.zeros((), dt)
+    if p == 1:
+        t = jnp.sign(diff)
+    elif p == float("inf"):
+        t = jnp.sign(diff) * (jnp.abs(diff) == d)
+    elif p == 2:
+        t = jnp.where(d == 0, zero, diff / jnp.where(d == 0, jnp.ones((), dt), d))
+    else:
+        ad = jnp.abs(diff)
+        dn = jnp.where(d == 0, jnp.ones((), dt), d)
+        t = jnp.sign(diff) * ad ** (p - 1) / dn ** (p - 1)
+        t = jnp.where((d == 0) | ((p < 1) & (ad == 0)), zero, t)
+    return jnp.sum(g * t, axis=-2)
+
+
+def _calc_dt(dt):
+    return jnp.float32 if np.dtype(dt) in _HALF else dt
+
+
+# ---- triangular solves --------------------------------------------------------------------------
+
+def _bcast_batch(a, b):
+    """Broadcasts the batch dims of matrices a (..., m, m) and b (..., m, k)."""
+    batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    return jnp.broadcast_to(a, batch + a.shape[-2:]), jnp.broadcast_to(b, batch + b.shape[-2:])
+
+
+def _tri_solve(a, b, lower, left=True, trans=False, conj=False, unit=False):
+    a, b = _bcast_batch(a, b)
+    return lax.linalg.triangular_solve(a, b, left_side=left, lower=lower, transpose_a=trans,
+                                       conjugate_a=conj, unit_diagonal=unit)
+
+
+@lowering("aten::linalg_solve_triangular")
+def linalg_solve_triangular(a, b, upper, left=True, unitriangular=False):
+    return _tri_solve(a, b, lower=not upper, left=left, unit=unitriangular)
+
+
+@lowering("aten::triangular_solve")
+def triangular_solve(b, a, upper=True, transpose=False, unitriangular=False):
+    x = _tri_solve(a, b, lower=not upper, trans=transpose, unit=unitriangular)
+    return x, jnp.broadcast_to(a, out_shape(1))
+
+
+# ---- Cholesky ----------------------------------------------------------------------------------
+
+def _chol_info(a, lfac):
+    """LAPACK potrf's info: 0, or the order of the first leading minor that is not
+    positive-definite (jax returns NaNs on failure, so the failing order is found by
+    factoring the leading minors, only when the factorization failed)."""
+    n = a.shape[-1]
+    batch = a.shape[:-2]
+    failed = jnp.any(jnp.isnan(lfac), axis=(-2, -1))
+    if n == 0:
+        return jnp.zeros(batch, jnp.int32)
+
+    def find(_):
+        # Minor k (1-based) embedded in an identity: rows/cols >= k replaced by I.
+        idx = np.arange(n)
+        keep = (idx[None, :, None] < idx[:, None, None] + 1) & (idx[None, None, :] < idx[:, None, None] + 1)
+        eye = np.eye(n, dtype=bool)[None]
+        m = jnp.where(keep, a[..., None, :, :], jnp.where(eye, jnp.ones((), a.dtype), jnp.zeros((), a.dtype)))
+        lm = lax.linalg.cholesky(m, symmetrize_input=False)
+        bad = jnp.any(jnp.isnan(lm), axis=(-2, -1))  # (..., n)
+        k = jnp.argmax(bad, axis=-1).astype(jnp.int32) + 1
+        return jnp.where(failed, k, 0).astype(jnp.int32)
+
+    return lax.cond(jnp.any(failed), find, lambda _: jnp.zeros(batch, jnp.int32), None)
+
+
+def _cholesky(a, upper):
+    if upper:
+        a = _mH(a)  # the upper triangle of A as a lower one
+    lfac = lax.linalg.cholesky(a, symmetrize_input=False)
+    info = _chol_info(a, lfac)
+    lfac = jnp.tril(lfac)
+    return (_mH(lfac) if upper else lfac), info
+
+
+@lowering("aten::linalg_cholesky_ex")
+def linalg_cholesky_ex(a, upper=False, check_errors=False):
+    return _cholesky(a, upper)
+
+
+@lowering("aten::cholesky")
+def cholesky(a, upper=False):
+    return _cholesky(a, upper)[0]
+
+
+@lowering("aten::_cholesky_solve_helper")
+def cholesky_solve_helper(b, f, upper):
+    # A = L L^H (or U^H U): solve L Y = B, then L^H X = Y.
+    if upper:
+        y = _tri_solve(f, b, lower=False, trans=True, conj=True)
+        return _tri_solve(f, y, lower=False)
+    y = _tri_solve(f, b, lower=True)
+    return _tri_solve(f, y, lower=True, trans=True, conj=True)
+
+
+@lowering("aten::cholesky_inverse")
+def cholesky_inverse(f, upper=False):
+    n = f.shape[-1]
+    eye = jnp.broadcast_to(jnp.eye(n, dtype=f.dtype), f.shape)
+    return cholesky_solve_helper(eye, f, upper)
+
+
+# ---- LU ----------------------------------------------------------------------------------------
+
+def _lu(a):
+    """(LU, 1-based int32 pivots, 0-based permutation, info) of a batch of matrices."""
+    lu, piv, perm = lax.linalg.lu(a)
+    k = min(a.shape[-2], a.shape[-1])
+    d = jnp.diagonal(lu, axis1=-2, axis2=-1)[..., :k]
+    zero = d == 0
+    info = jnp.where(jnp.any(zero, axis=-1), jnp.argmax(zero, axis=-1) + 1, 0).astype(jnp.int32)
+    return lu, (piv + 1).astype(jnp.int32), perm, info
+
+
+def _perm_from_pivots(pivots, m):
+    """The row permutation p (A[p] = L U) of 1-based LAPACK pivots."""
+    return lax.linalg.lu_pivots_to_permutation((pivots - 1).astype(jnp.int32), m)
+
+
+def _take_rows(x, perm):
+    return jnp.take_along_axis(x, jnp.broadcast_to(perm[..., :, None], perm.shape + (x.shape[-1],)).astype(jnp.int32),
+                               axis=-2)
+
+
+def _lu_solve_left(lu, perm, b, adjoint):
+    """Solves A X = B (adjoint: A^H X = B) for A[perm] = L U (L unit lower)."""
+    lu, b = _bcast_batch(lu, b)
+    perm = jnp.broadcast_to(perm, lu.shape[:-1])
+    if not adjoint:
+        y = _tri_solve(lu, _take_rows(b, perm), lower=True, unit=True)
+        return _tri_solve(lu, y, lower=False)
+    # A^H = U^H L^H P^T: solve U^H Z = B, L^H Y = Z, then X = P Y (X[perm] = Y).
+    z = _tri_solve(lu, b, lower=False, trans=True, conj=True)
+    y = _tri_solve(lu, z, lower=True, trans=True, conj=True, unit=True)
+    inv = jnp.argsort(perm, axis=-1)
+    return _take_rows(y, inv)
+
+
+def _lu_solve(lu, perm, b, left, adjoint):
+    if left:
+        return _lu_solve_left(lu, perm, b, adjoint)
+    # X A = B  <=>  A^H X^H = B^H  (and X A^H = B  <=>  A X^H = B^H)
+    return _mH(_lu_solve_left(lu, perm, _mH(b), not adjoint))
+
+
+@lowering("aten::linalg_lu_factor_ex")
+def linalg_lu_factor_ex(a, pivot=True, check_errors=False):
+    if not pivot:
+        raise NotImplementedError("linalg.lu_factor: LU without pivoting is not implemented on the XLA device")
+    lu, piv, _, info = _lu(a)
+    return lu, piv, info
+
+
+@lowering("aten::linalg_lu_solve")
+def linalg_lu_solve(lu, pivots, b, left=True, adjoint=False):
+    perm = _perm_from_pivots(pivots, lu.shape[-1])
+    return _lu_solve(lu, perm, b, left, adjoint)
+
+
+@lowering("aten::lu_unpack")
+def lu_unpack(lu, pivots, unpack_data=True, unpack_pivots=True):
+    m, n = lu.shape[-2], lu.shape[-1]
+    k = min(m, n)
+    if unpack_pivots:
+        perm = _perm_from_pivots(pivots, m)
+        # A = P L U with P[perm[i], i] = 1
+        p = (perm[..., None, :] == jnp.arange(m, dtype=perm.dtype)[:, None]).astype(lu.dtype)
+    else:
+        p = jnp.zeros(out_shape(0), lu.dtype)
+    if unpack_data:
+        low = jnp.tril(lu[..., :, :k], -1) + jnp.eye(m, k, dtype=lu.dtype)
+        up = jnp.triu(lu[..., :k, :])
+    else:
+        low = jnp.zeros(out_shape(1), lu.dtype)
+        up = jnp.zeros(out_shape(2), lu.dtype)
+    return p, low, up
+
+
+@lowering("aten::linalg_lu")
+def linalg_lu(a, pivot=True):
+    if not pivot:
+        raise NotImplementedError("linalg.lu: LU without pivoting is not implemented on the XLA device")
+    lu, piv, _, _ = _lu(a)
+    return lu_unpack(lu, piv)
+
+
+def _vector_rhs(a, b):
+    return b.ndim == 1 or (b.ndim == a.ndim - 1 and b.shape == a.shape[:-1])
+
+
+@lowering("aten::_linalg_solve_ex")
+def linalg_solve_ex_(a, b, left=True, check_errors=False):
+    lu, piv, perm, info = _lu(a)
+    vec = _vector_rhs(a, b)
+    bm = b[..., None] if vec else b
+    x = _lu_solve(lu, perm, bm, left, False)
+    if vec:
+        x = x[..., 0]
+    return x, lu, piv, info
+
+
+@lowering("aten::linalg_inv_ex")
+def linalg_inv_ex(a, check_errors=False):
+    lu, _, perm, info = _lu(a)
+    n = a.shape[-1]
+    eye = jnp.broadcast_to(jnp.eye(n, dtype=a.dtype), a.shape)
+    return _lu_solve_left(lu, perm, eye, False), info
+
+
+def _det_parts(lu, piv):
+    n = lu.shape[-1]
+    d = jnp.diagonal(lu, axis1=-2, axis2=-1)
+    swaps = jnp.sum(piv != jnp.arange(1, n + 1, dtype=piv.dtype), axis=-1)
+    sign = jnp.where(swaps % 2 == 1, -1, 1).astype(lu.dtype)
+    return d, sign
+
+
+def _lu_for_det(a):
+    # PyTorch factors A^T for real (contiguous) input: its det backward reads LU that way.
+    if jnp.issubdtype(a.dtype, jnp.complexfloating):
+        return _lu(a)
+    return _lu(_mT(a))
+
+
+@lowering("aten::_linalg_det")
+def linalg_det_(a):
+    lu, piv, _, _ = _lu_for_det(a)
+    d, sign = _det_parts(lu, piv)
+    return sign * jnp.prod(d, axis=-1), lu, piv
+
+
+@lowering("aten::_linalg_slogdet")
+def linalg_slogdet_(a):
+    lu, piv, _, _ = _lu_for_det(a)
+    d, sign = _det_parts(lu, piv)
+    if jnp.issubdtype(a.dtype, jnp.complexfloating):
+        ad = jnp.abs(d)
+        s = sign * jnp.prod(d / ad, axis=-1)
+        logabs = jnp.sum(jnp.log(ad), axis=-1)
+    else:
+        s = sign * jnp.prod(jnp.sign(d), axis=-1)
+        logabs = jnp.sum(jnp.log(jnp.abs(d)), axis=-1)
+    return s, logabs, lu, piv
+
+
+# ---- QR, SVD, eigh -----------------------------------------------------------------------------
+
+@lowering("aten::linalg_qr")
+def linalg_qr(a, mode="reduced"):
+    if mode == "r":
+        r = jnp.linalg.qr(a, mode="r")
+        return jnp.zeros(out_shape(0), a.dtype), r
+    q, r = jnp.linalg.qr(a, mode="complete" if mode == "complete" else "reduced")
+    return q, r
+
+
+@lowering("aten::_linalg_svd")
+def linalg_svd_(a, full_matrices=False, compute_uv=True, driver=None):
+    if not compute_uv:
+        s = jnp.linalg.svd(a, compute_uv=False)
+        return jnp.zeros(out_shape(0), a.dtype), s, jnp.zeros(out_shape(2), a.dtype)
+    u, s, vh = jnp.linalg.svd(a, full_matrices=full_matrices)
+    return u, s, vh
+
+
+@lowering("aten::_linalg_eigh")
+def linalg_eigh_(a, UPLO="L", compute_v=True):
+    w, v = jnp.linalg.eigh(a, UPLO=UPLO, symmetrize_input=False)
+    if not compute_v:
+        return w, jnp.zeros(out_shape(1), a.dtype)
+    return w, v
+
+
+@lowering("aten::linalg_matrix_exp")
+def linalg_matrix_exp(a):
+    dt = a.dtype
+    return jax.scipy.linalg.expm(a.astype(_calc_dt(dt)))
+
+
+@lowering("aten::linalg_householder_product")
+def linalg_householder_product(a, tau):
+    return lax.linalg.householder_product(a, tau)
