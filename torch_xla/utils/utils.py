@@ -1,0 +1,312 @@
+"""`torch_xla.utils.utils` (xu): small helpers used by training scripts.
+
+Synthetic data sources (`SampleGenerator`, `FnDataGenerator`), the `DataWrapper`
+protocol understood by the device loaders, nested-structure helpers and
+debug-print/timing helpers.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Optional
+
+
+# ---- synthetic data ----------------------------------------------------------------------------
+
+class SampleGenerator:
+    """An iterable returning the same `data` `sample_count` times.
+
+    Can be used in place of a PyTorch `DataLoader` to produce synthetic data. Each
+    `iter()` of the generator starts over, so one generator serves several epochs;
+    `next()` on the generator itself also works (it counts its own samples).
+
+    Args:
+      data: the value returned at every step (e.g. an ``(images, labels)`` tuple).
+      sample_count (int): how many times `data` is returned per iteration.
+    """
+
+    def __init__(self, data: Any, sample_count: int):
+        self._data = data
+        self._sample_count = int(sample_count)
+        self._count = 0
+
+    def __iter__(self) -> "_Iterator":
+        return _Iterator(SampleGenerator(self._data, self._sample_count))
+
+    def __len__(self) -> int:
+        return self._sample_count
+
+    def __next__(self):
+        return self.next()
+
+    def next(self):
+        if self._count >= self._sample_count:
+            raise StopIteration
+        self._count += 1
+        return self._data
+
+
+class _Iterator:
+    """One pass over a generator (a proper iterator: `iter()` returns itself)."""
+
+    def __init__(self, gen):
+        self._gen = gen
+
+    def __iter__(self) -> "_Iterator":
+        return self
+
+    def __next__(self):
+        return self._gen.next()
+
+    def next(self):
+        return self._gen.next()
+
+    def __len__(self) -> int:
+        return len(self._gen)
+
+
+class FnDataGenerator:
+    """An iterable of ``(data, func(data))`` pairs with fresh `data` at every step.
+
+    Args:
+      func: computes the target from the data.
+      batch_size (int): the leading dimension of every generated data tensor.
+      gen_tensor: called as ``gen_tensor(batch_size, *dims)`` (e.g. `torch.randn`).
+      dims (sequence of int, optional): the remaining data dimensions. Default: ``[1]``.
+      count (int): how many pairs one iteration yields. Default: 1.
+    """
+
+    def __init__(self, func: Callable, batch_size: int, gen_tensor: Callable, dims=None, count: int = 1):
+        self._func = func
+        self._batch_size = batch_size
+        self._gen_tensor = gen_tensor
+        self._dims = list(dims) if dims else [1]
+        self._count = int(count)
+        self._emitted = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> "_Iterator":
+        return _Iterator(FnDataGenerator(self._func, self._batch_size, self._gen_tensor, self._dims, self._count))
+
+    def __next__(self):
+        return self.next()
+
+    def next(self):
+        if self._emitted >= self._count:
+            raise StopIteration
+        data = self._gen_tensor(self._batch_size, *self._dims)
+        target = self._func(data)
+        self._emitted += 1
+        return data, target
+
+
+class DataWrapper:
+    """Base class of custom batch containers that the device loaders can move.
+
+    A subclass tells the loaders which tensors it holds (`get_tensors`) and how to
+    rebuild itself from their device copies (`from_tensors`, returning the new object).
+    """
+
+    def __init__(self):
+        pass
+
+    def get_tensors(self):
+        raise NotImplementedError("DataWrapper.get_tensors() must return a list of tensors")
+
+    def from_tensors(self, tensors):
+        raise NotImplementedError("DataWrapper.from_tensors(tensors) must return the rebuilt object")
+
+
+# ---- nested structures -------------------------------------------------------------------------
+
+def as_list(t) -> list:
+    """`t` as a list (lists and tuples are converted, anything else is wrapped)."""
+    return list(t) if isinstance(t, (list, tuple)) else [t]
+
+
+def list_copy_append(ilist, item) -> list:
+    """A copy of `ilist` with `item` appended."""
+    return list(ilist) + [item]
+
+
+def shape(inputs) -> list:
+    """The shape of a regular nested list/tuple structure (leaves count as scalars).
+
+    ``shape([[1, 2, 3], [4, 5, 6]]) == [2, 3]``; sub-structures must agree.
+    """
+    cshape = []
+    if isinstance(inputs, (list, tuple)):
+        lshape = None
+        for item in inputs:
+            ishape = shape(item)
+            if lshape is None:
+                lshape = ishape
+            elif lshape != ishape:
+                raise ValueError(f"irregular nested structure: shapes {lshape} and {ishape}")
+        cshape.extend([len(inputs)] + (lshape or []))
+    return cshape
+
+
+def flatten_nested_tuple(inputs) -> tuple:
+    """The leaves of nested lists/tuples, in order, as one flat tuple."""
+    flat = []
+    if isinstance(inputs, (list, tuple)):
+        for item in inputs:
+            flat.extend(flatten_nested_tuple(item))
+    else:
+        flat.append(inputs)
+    return tuple(flat)
+
+
+def _rebuild_sequence(orig, items):
+    if isinstance(orig, tuple) and hasattr(orig, "_fields"):
+        return type(orig)(*items)
+    try:
+        return type(orig)(items)
+    except TypeError:
+        return list(items) if isinstance(orig, list) else tuple(items)
+
+
+def _for_each_instance(value, select_fn: Callable, fn: Callable, seen: set) -> None:
+    if select_fn(value):
+        fn(value)
+        return
+    if id(value) in seen:
+        return
+    if isinstance(value, (list, tuple, set, frozenset)):
+        seen.add(id(value))
+        for v in value:
+            _for_each_instance(v, select_fn, fn, seen)
+    elif isinstance(value, dict):
+        seen.add(id(value))
+        for k, v in value.items():
+            _for_each_instance(k, select_fn, fn, seen)
+            _for_each_instance(v, select_fn, fn, seen)
+    elif hasattr(value, "__dict__") and not isinstance(value, type) and not callable(value):
+        seen.add(id(value))
+        for v in vars(value).values():
+            _for_each_instance(v, select_fn, fn, seen)
+
+
+def for_each_instance(value, select_fn: Callable, fn: Callable) -> None:
+    """Calls `fn(x)` on every `x` in the nested structure `value` with `select_fn(x)` true.
+
+    Walks lists, tuples, sets, dicts (keys and values) and plain objects' attributes.
+    """
+    _for_each_instance(value, select_fn, fn, set())
+
+
+def _rewrite(value, select_fn, fn, memo):
+    if select_fn(value):
+        key = id(value)
+        if key not in memo:
+            memo[key] = (value, fn(value))
+        return memo[key][1]
+    if isinstance(value, dict):
+        new = [(_rewrite(k, select_fn, fn, memo), _rewrite(v, select_fn, fn, memo)) for k, v in value.items()]
+        try:
+            if isinstance(value, collections.defaultdict):
+                out = type(value)(value.default_factory)
+            else:
+                out = type(value)()
+        except TypeError:
+            out = {}
+        for k, v in new:
+            out[k] = v
+        if hasattr(value, "_metadata"):
+            out._metadata = value._metadata
+        return out
+    if isinstance(value, (list, tuple)):
+        return _rebuild_sequence(value, [_rewrite(v, select_fn, fn, memo) for v in value])
+    if isinstance(value, (set, frozenset)):
+        return type(value)(_rewrite(v, select_fn, fn, memo) for v in value)
+    return value
+
+
+def for_each_instance_rewrite(value, select_fn: Callable, fn: Callable):
+    """A copy of nested `value` where each `x` with `select_fn(x)` is replaced by `fn(x)`.
+
+    Lists, tuples (named ones too), sets and dicts (keeping their type and a state
+    dict's `_metadata`) are rebuilt; an object selected twice is converted once.
+    """
+    return _rewrite(value, select_fn, fn, {})
+
+
+# ---- environment -------------------------------------------------------------------------------
+
+def getenv_as(name: str, vtype: type, defval=None):
+    """Environment variable `name` converted to `vtype` (`defval` when unset).
+
+    Booleans accept 1/0, true/false, yes/no, on/off (any case).
+    """
+    env = os.environ.get(name)
+    if env is None:
+        return defval
+    if vtype is bool:
+        low = env.strip().lower()
+        if low in ("1", "true", "yes", "on", "y", "t"):
+            return True
+        if low in ("0", "false", "no", "off", "n", "f", ""):
+            return False
+        raise ValueError(f"environment variable {name}={env!r} is not a boolean")
+    return vtype(env)
+
+
+class TmpFolder:
+    """A temporary directory, removed when the object is deleted (or leaves a `with`)."""
+
+    def __init__(self):
+        self.name = tempfile.mkdtemp()
+
+    def __enter__(self) -> "TmpFolder":
+        return self
+
+    def __exit__(self, *exc):
+        self.cleanup()
+        return False
+
+    def cleanup(self) -> None:
+        if self.name is not None:
+            shutil.rmtree(self.name, ignore_errors=True)
+            self.name = None
+
+    def __del__(self):
+        self.cleanup()
+
+
+# ---- printing and timing -----------------------------------------------------------------------
+
+def null_print(*args, **kwargs) -> None:
+    """A print function that prints nothing."""
+    return None
+
+
+def eprint(*args, **kwargs) -> None:
+    """`print` to standard error."""
+    print(*args, file=sys.stderr, **kwargs)
+
+
+def get_print_fn(debug: Optional[bool] = None) -> Callable:
+    """`eprint` when debugging (by default: the DEBUG environment variable is set to non-zero), else `null_print`."""
+    if debug is None:
+        debug = getenv_as("DEBUG", bool, False)
+    return eprint if debug else null_print
+
+
+def timed(fn: Callable, msg: str = "", printfn: Optional[Callable] = eprint):
+    """Runs `fn()`, prints ``f"{msg}{milliseconds:.3f}ms"`` with `printfn` and returns the result.
+
+    With ``printfn=None`` the print function is `get_print_fn()` (silent unless DEBUG).
+    """
+    if printfn is None:
+        printfn = get_print_fn()
+    start = time.time()
+    result = fn()
+    printfn("{}{:.3f}ms".format(msg, 1000.0 * (time.time() - start)))
+    return result
