@@ -110,6 +110,9 @@ class OpKernel:
 
     # -- the hot path -------------------------------------------------------------
     def __call__(self, *args, **kwargs):
+        if self.low.alias:
+            s = state_of(args[0])
+            return make_tensor(s.node, s.idx, s.shape, s.dtype)
         n = len(args)
         if n < self.nargs or kwargs:
             args = list(args) + self.defaults[n:]
@@ -476,8 +479,12 @@ def k_to_copy(x, dtype=None, layout=None, device=None, pin_memory=None, non_bloc
     if src_xla and not dst_xla:
         c = to_cpu(x)
         return c.to(device=device, dtype=dtype or c.dtype)
-    # xla -> xla: a (possibly converting) lazy copy
-    return wrap_user(_TO_COPY(unwrap(x) if _is_functional(x) else x, dtype=dtype))
+    # xla -> xla: a (possibly converting) lazy copy; same dtype shares the value.
+    inner = unwrap(x) if _is_functional(x) else x
+    if dtype is None or dtype == inner.dtype:
+        s = state_of(inner)
+        return wrap_user(make_tensor(s.node, s.idx, s.shape, s.dtype))
+    return wrap_user(_TO_COPY(inner, dtype=dtype))
 
 
 def k_copy_from(src, dst, non_blocking=False):
@@ -546,6 +553,16 @@ def _overload(name: str):
     return getattr(pk, ov, None)
 
 
+def _is_composite_implicit(op) -> bool:
+    name = op.name()
+    if name.endswith(".default"):
+        name = name[:-len(".default")]
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeImplicitAutograd")
+    except RuntimeError:
+        return False
+
+
 def register() -> None:
     """Installs every kernel for the xla dispatch key (idempotent)."""
     global _registered, _lib, _lib_fallback, _TO_COPY, _COPY
@@ -573,6 +590,10 @@ def register() -> None:
         KERNELS[name] = k
         short = name[:-len(".default")] if name.endswith(".default") else name
         if short in special or name in special:
+            continue
+        if _is_composite_implicit(op):
+            # PyTorch decomposes these above autograd; a backend kernel would hide their
+            # derivative. Their lowering still serves dynamo/export graphs.
             continue
         _lib.impl(short, k, "PrivateUse1")
     _TO_COPY = KERNELS["_to_copy.default"]

@@ -170,9 +170,11 @@ def from_numpy(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     if a.dtype != want:
         a = a.astype(want)
     if dtype == torch.bfloat16:
-        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16).copy()).view(torch.bfloat16)
+        bits = np.ascontiguousarray(a).view(np.int16).reshape(a.shape)
+        return torch.from_numpy(bits.copy()).view(torch.bfloat16)
     if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        return torch.from_numpy(np.ascontiguousarray(a).view(np.uint8).copy()).view(dtype)
+        bits = np.ascontiguousarray(a).view(np.uint8).reshape(a.shape)
+        return torch.from_numpy(bits.copy()).view(dtype)
     if dtype in (torch.uint16, torch.uint32, torch.uint64):
         return torch.tensor(a.tolist(), dtype=dtype).reshape(a.shape)
     return torch.from_numpy(np.array(a, copy=True))

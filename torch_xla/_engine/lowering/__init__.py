@@ -27,9 +27,10 @@ import numpy as np
 
 
 class Lowering:
-    __slots__ = ("name", "fn", "promote", "static", "meta", "opmath", "random")
+    __slots__ = ("name", "fn", "promote", "static", "meta", "opmath", "random", "alias")
 
-    def __init__(self, name, fn, promote, static, meta, opmath, random):
+    def __init__(self, name, fn, promote, static, meta, opmath, random, alias=False):
+        self.alias = alias
         self.name = name
         self.fn = fn
         self.promote = promote
@@ -43,7 +44,7 @@ LOWERINGS: Dict[str, Lowering] = {}
 
 
 def lowering(*names: str, promote: bool = False, static: Iterable[str] = (), meta: Optional[Callable] = None,
-             opmath: bool = False, random: bool = False):
+             opmath: bool = False, random: bool = False, alias: bool = False):
     """Registers the decorated function as the lowering of the named aten overloads.
 
     names: "aten::op.overload" (".default" may be omitted).
@@ -52,13 +53,15 @@ def lowering(*names: str, promote: bool = False, static: Iterable[str] = (), met
     static: Scalar arguments that are compile-time constants.
     meta: optional shape function (args as meta tensors -> meta outputs) for ops whose
       PyTorch meta kernel is missing.
+    alias: the op returns its first argument's value unchanged (detach, clone, alias...):
+      the kernel shares the value instead of adding a node (jax arrays are immutable).
     random: the op draws random numbers; the lowering receives a jax PRNG key as an
       extra last argument (derived from the step's seed parameter and the op's number).
     """
     def deco(fn):
         for n in names:
             key = _normalize(n)
-            LOWERINGS[key] = Lowering(key, fn, promote, static, meta, opmath, random)
+            LOWERINGS[key] = Lowering(key, fn, promote, static, meta, opmath, random, alias)
         return fn
     return deco
 

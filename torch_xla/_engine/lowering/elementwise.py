@@ -452,12 +452,17 @@ def copy(x, src, non_blocking=False):
     return jnp.broadcast_to(src.astype(out_dtype()), x.shape)
 
 
-@lowering("aten::clone")
+@lowering("aten::clone", alias=True)
 def clone(x, memory_format=None):
     return x
 
 
 @lowering("aten::alias", "aten::lift_fresh", "aten::detach", "aten::lift", "aten::alias_copy",
-          "aten::lift_fresh_copy", "aten::detach_copy")
+          "aten::lift_fresh_copy", "aten::detach_copy", alias=True)
 def identity(x):
     return x
+
+
+@lowering("aten::zero")
+def zero(x):
+    return jnp.zeros(x.shape, x.dtype)

@@ -453,6 +453,13 @@ def linalg_eigh_(a, UPLO="L", compute_v=True):
     return w, v
 
 
+@lowering("aten::linalg_eig")
+def linalg_eig(a):
+    # LAPACK geev on the CPU backend (as PyTorch): unit-norm eigenvectors, same order.
+    w, v = jnp.linalg.eig(a)
+    return w, v
+
+
 @lowering("aten::linalg_matrix_exp")
 def linalg_matrix_exp(a):
     dt = a.dtype

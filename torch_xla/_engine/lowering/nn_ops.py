@@ -111,8 +111,33 @@ def _conv_float(x):
     return x if jnp.issubdtype(x.dtype, jnp.inexact) else x.astype(jnp.float32)
 
 
-@lowering("aten::convolution", "aten::_convolution", "aten::convolution_overrideable")
+def _conv_meta(opname):
+    """PyTorch's meta kernel plus the argument checks it leaves to the CPU kernel."""
+    def meta(x, w, b, stride, padding, dilation, *rest):
+        if any(p < 0 for p in padding):
+            raise RuntimeError("negative padding is not supported")
+        if any(s <= 0 for s in stride):
+            raise RuntimeError("non-positive stride is not supported")
+        return getattr(torch.ops.aten, opname).default(x, w, b, stride, padding, dilation, *rest)
+    return meta
+
+
+@lowering("aten::convolution", meta=_conv_meta("convolution"))
 def convolution(x, w, b, stride, padding, dilation, transposed, output_padding, groups, *rest):
+    return _convolution(x, w, b, stride, padding, dilation, transposed, output_padding, groups)
+
+
+@lowering("aten::_convolution", meta=_conv_meta("_convolution"))
+def convolution_(x, w, b, stride, padding, dilation, transposed, output_padding, groups, *rest):
+    return _convolution(x, w, b, stride, padding, dilation, transposed, output_padding, groups)
+
+
+@lowering("aten::convolution_overrideable", meta=_conv_meta("convolution_overrideable"))
+def convolution_overrideable(x, w, b, stride, padding, dilation, transposed, output_padding, groups, *rest):
+    return _convolution(x, w, b, stride, padding, dilation, transposed, output_padding, groups)
+
+
+def _convolution(x, w, b, stride, padding, dilation, transposed, output_padding, groups):
     y = _conv(x, w.astype(x.dtype), stride, padding, dilation, transposed, output_padding, groups)
     if b is not None:
         y = y + b.astype(y.dtype).reshape((1, -1) + (1,) * (y.ndim - 2))
@@ -155,7 +180,7 @@ def _gather_windows(x, idxs):
     perm = list(range(lead)) + [lead + 2 * i for i in range(n)] + [lead + 2 * i + 1 for i in range(n)]
     y = jnp.transpose(y, perm)
     oshape = tuple(a.shape[0] for a in idxs)
-    return y.reshape(y.shape[:lead] + oshape + (-1,))
+    return y.reshape(y.shape[:lead] + oshape + (int(np.prod([a.shape[1] for a in idxs])),))
 
 
 def _combine_valid(valids):
@@ -661,7 +686,13 @@ def fused_rms_norm_backward(g, x, normalized_shape, rstd, w, output_mask):
 
 # ---- embedding -------------------------------------------------------------------------
 
-@lowering("aten::embedding")
+def _embedding_meta(w, indices, *rest):
+    if w.dim() != 2:
+        raise RuntimeError("'weight' must be 2-D")
+    return torch.ops.aten.embedding.default(w, indices, *rest)
+
+
+@lowering("aten::embedding", meta=_embedding_meta)
 def embedding(w, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     return jnp.take(w, indices, axis=0)
 
@@ -869,7 +900,32 @@ def _nearest(x, osz, scales, exact):
     return x
 
 
-def _linear_matrix(in_size, out_size, align_corners, scale):
+def _cubic_matrix(in_size, out_size, align_corners, scale):
+    """Bicubic interpolation weights (A = -0.75, border taps clamped), as in PyTorch."""
+    A = -0.75
+    s = _scale(in_size, out_size, scale, align_corners)
+    o = np.arange(out_size, dtype=np.float64)
+    src = o * s if align_corners else (o + 0.5) * s - 0.5
+    src = src.astype(np.float32).astype(np.float64)
+    i0 = np.floor(src).astype(np.int64)
+    t = src - i0
+
+    def cc1(x):
+        return ((A + 2) * x - (A + 3)) * x * x + 1
+
+    def cc2(x):
+        return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A
+    coeffs = [cc2(t + 1), cc1(t), cc1(1 - t), cc2(2 - t)]
+    m = np.zeros((out_size, in_size))
+    for j, c in enumerate(coeffs):
+        idx = np.clip(i0 - 1 + j, 0, in_size - 1)
+        np.add.at(m, (np.arange(out_size), idx), c)
+    return m
+
+
+def _linear_matrix(in_size, out_size, align_corners, scale, cubic=False):
+    if cubic:
+        return _cubic_matrix(in_size, out_size, align_corners, scale)
     s = _scale(in_size, out_size, scale, align_corners)
     o = np.arange(out_size, dtype=np.float64)
     if align_corners:
@@ -887,12 +943,12 @@ def _linear_matrix(in_size, out_size, align_corners, scale):
     return m
 
 
-def _linear(x, osz, align_corners, scales):
+def _linear(x, osz, align_corners, scales, cubic=False):
     nsp = len(osz)
     y = x
     for i in range(nsp):
         ax = x.ndim - nsp + i
-        m = jnp.asarray(_linear_matrix(x.shape[ax], osz[i], align_corners, scales[i]), y.dtype)
+        m = jnp.asarray(_linear_matrix(x.shape[ax], osz[i], align_corners, scales[i], cubic), y.dtype)
         y = jnp.moveaxis(jnp.tensordot(y, m, axes=([ax], [1]), precision=_HI), -1, ax)
     return y
 
@@ -918,16 +974,16 @@ def _def_nearest(nsp, exact):
         return vjp(g32)[0]
 
 
-def _def_linear(nsp, base):
+def _def_linear(nsp, base, cubic=False):
     name = f"aten::{base}"
 
     @lowering(name)
     def fwd(x, output_size, align_corners, *scales):
-        return _linear(_opmath(x), tuple(out_shape()[-nsp:]), align_corners, _scales(nsp, *scales))
+        return _linear(_opmath(x), tuple(out_shape()[-nsp:]), align_corners, _scales(nsp, *scales), cubic)
 
     @lowering(name + "_backward")
     def bwd(g, output_size, input_size, align_corners, *scales):
-        f = lambda t: _linear(t, tuple(output_size), align_corners, _scales(nsp, *scales))
+        f = lambda t: _linear(t, tuple(output_size), align_corners, _scales(nsp, *scales), cubic)
         g32 = _opmath(g)
         _, vjp = jax.vjp(f, jnp.zeros(tuple(input_size), g32.dtype))
         return vjp(g32)[0]
@@ -939,6 +995,7 @@ for _n in (1, 2, 3):
 _def_linear(1, "upsample_linear1d")
 _def_linear(2, "upsample_bilinear2d")
 _def_linear(3, "upsample_trilinear3d")
+_def_linear(2, "upsample_bicubic2d", cubic=True)
 
 
 # ---- padding ---------------------------------------------------------------------------
@@ -952,12 +1009,22 @@ def _pad_widths(ndim, padding):
     return widths
 
 
+def _pad_index(n, lo, hi, mode):
+    i = np.arange(-lo, n + hi)
+    if mode == "edge":
+        return np.clip(i, 0, n - 1)
+    i = np.abs(i)  # reflect (PyTorch requires pad < n)
+    return np.where(i >= n, 2 * (n - 1) - i, i)
+
+
 def _pad(x, padding, mode):
+    """Reflection / replication padding (negative amounts crop) as a gather per axis."""
     widths = _pad_widths(x.ndim, padding)
-    # negative padding crops
-    crop = tuple(slice(-lo if lo < 0 else None, (hi if hi < 0 else None)) for lo, hi in widths)
-    x = x[crop]
-    return jnp.pad(x, [(max(lo, 0), max(hi, 0)) for lo, hi in widths], mode=mode)
+    for ax, (lo, hi) in enumerate(widths):
+        if lo == 0 and hi == 0:
+            continue
+        x = jnp.take(x, jnp.asarray(_pad_index(x.shape[ax], lo, hi, mode)), axis=ax)
+    return x
 
 
 def _def_pad(kind, mode):
@@ -994,7 +1061,7 @@ def _im2col(x, kernel_size, dilation, padding, stride):
     lead = x.shape[:-3]
     C = x.shape[-3]
     win = jnp.moveaxis(win, -1, -3)  # (..., C, K, oh, ow)
-    return win.reshape(lead + (C * k[0] * k[1], oh * ow))
+    return win.reshape(lead + (C * k[0] * k[1], max(oh, 0) * max(ow, 0)))
 
 
 @lowering("aten::im2col")

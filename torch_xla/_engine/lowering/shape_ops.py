@@ -242,3 +242,41 @@ def constant_pad_nd(x, pad, value=0):
         d = x.ndim - 1 - i
         cfg[d] = (pad[2 * i], pad[2 * i + 1], 0)
     return lax.pad(x, jnp.asarray(value, x.dtype), cfg)
+
+
+# ---- backward of views: scatter the gradient into zeros --------------------------------------
+# (PyTorch's generic kernels write through a view of a fresh zeros tensor, which only works
+# for tensors that share storage; these are the functional forms.)
+
+@lowering("aten::select_backward")
+def select_backward(grad, input_sizes, dim, index):
+    z = jnp.zeros(tuple(input_sizes), grad.dtype)
+    return select_scatter(z, grad, dim, index)
+
+
+@lowering("aten::slice_backward")
+def slice_backward(grad, input_sizes, dim, start, end, step):
+    z = jnp.zeros(tuple(input_sizes), grad.dtype)
+    return slice_scatter(z, grad, dim, start, end, step)
+
+
+@lowering("aten::diagonal_backward")
+def diagonal_backward(grad, input_sizes, offset, dim1, dim2):
+    z = jnp.zeros(tuple(input_sizes), grad.dtype)
+    return diagonal_scatter(z, grad, offset, dim1, dim2)
+
+
+@lowering("aten::unfold_backward")
+def unfold_backward(grad, input_sizes, dim, size, step):
+    nd = len(input_sizes)
+    dim = _dim(dim, nd) if nd else 0
+    if nd == 0:
+        return jnp.reshape(grad, ())
+    n = grad.shape[dim]
+    idx = (np.arange(n)[:, None] * step + np.arange(size)[None, :])  # (n, size)
+    g = jnp.moveaxis(grad, -1, dim + 1)  # (..., n, size, ...)
+    g = jnp.reshape(g, g.shape[:dim] + (n * size,) + g.shape[dim + 2:])
+    z = jnp.zeros(tuple(input_sizes), grad.dtype)
+    sl = [slice(None)] * nd
+    sl[dim] = idx.reshape(-1)
+    return z.at[tuple(sl)].add(g)

@@ -1,0 +1,418 @@
+"""Process management for multi-process jobs: `xmp.spawn` / `torch_xla.launch`.
+
+The parent chooses a free coordinator port, starts one process per device with the
+TORCH_XLA_JAX_* environment (see process_group.py), and watches them. The moment a
+child exits non-zero (an exception, a signal, `sys.exit(n)`), the others are stopped
+(SIGTERM to their process groups, SIGKILL after a grace period) and the parent raises
+`ProcessFailedError` naming the rank, with the child's traceback text.
+
+The parent never starts jax: children are started with the `spawn` method by default
+and initialise their own runtime. Right after `jax.distributed.initialize` a child runs
+a tiny all-reduce over the replica mesh (`warm_up`), so that gloo's communicator —
+created at the first collective, with only a 30 s wait for the peers — is built while
+the processes are still in step, not at the model's first all-reduce.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from typing import Any, Callable, Dict, List, Optional
+
+from . import process_group
+
+_ENV_KEYS = ("TORCH_XLA_JAX_PROCESS_ID", "TORCH_XLA_JAX_WORLD_SIZE", "TORCH_XLA_JAX_LOCAL_RANK",
+             "TORCH_XLA_JAX_LOCAL_WORLD_SIZE", "TORCH_XLA_JAX_COORDINATOR")
+
+
+class ProcessFailedError(RuntimeError):
+    """A spawned replica failed; `rank`, `exitcode` and the child's `traceback` text are attached."""
+
+    def __init__(self, msg: str, rank: int, exitcode: Optional[int], child_traceback: str = ""):
+        super().__init__(msg)
+        self.rank = rank
+        self.exitcode = exitcode
+        self.child_traceback = child_traceback
+
+
+def _grace_s() -> float:
+    return float(os.environ.get("TORCH_XLA_JAX_KILL_GRACE_S", "5"))
+
+
+# ---- where this process stands ------------------------------------------------------------
+
+def under_torchrun() -> bool:
+    """True when an external launcher (torchrun) already made this process one rank of a job."""
+    return bool(os.environ.get("RANK")) and bool(os.environ.get("WORLD_SIZE")) and \
+        not os.environ.get("TORCH_XLA_JAX_PROCESS_ID")
+
+
+def in_launched_child() -> bool:
+    return bool(os.environ.get("TORCH_XLA_JAX_PROCESS_ID")) and bool(os.environ.get("TORCH_XLA_JAX_WORLD_SIZE"))
+
+
+def default_nprocs() -> int:
+    """How many processes a launch starts on this host: one per device (CPU: CPU_NUM_DEVICES)."""
+    pjrt = os.environ.get("PJRT_DEVICE", "").upper()
+    if pjrt in ("", "CPU"):
+        v = os.environ.get("CPU_NUM_DEVICES", "") or "1"
+        try:
+            n = int(v)
+        except ValueError:
+            raise ValueError(f"CPU_NUM_DEVICES={v!r} is not an integer") from None
+        if n < 1:
+            raise ValueError(f"CPU_NUM_DEVICES={n} must be at least 1")
+        return n
+    # Other platforms: one process owns all of this host's devices.
+    return 1
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raises a clear error when the coordinator's port is already taken on this host."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("" if host in ("0.0.0.0", "") else host, port))
+        except OSError as e:
+            raise RuntimeError(
+                f"the coordinator port {port} on {host} is already in use ({e.strerror}); another job "
+                f"may be running. Choose another port (TORCH_XLA_JAX_COORDINATOR=host:port, or "
+                f"MASTER_PORT for torchrun, whose coordinator uses MASTER_PORT+1)") from None
+
+
+def check_environment() -> None:
+    """Validates the TORCH_XLA_JAX_* / torchrun variables of this process (clear errors, early)."""
+    ws_raw = os.environ.get("TORCH_XLA_JAX_WORLD_SIZE") or os.environ.get("WORLD_SIZE")
+    rk_raw = os.environ.get("TORCH_XLA_JAX_PROCESS_ID") or os.environ.get("RANK")
+    if ws_raw is None and rk_raw is None:
+        return
+    try:
+        ws = int(ws_raw) if ws_raw is not None else 1
+        rk = int(rk_raw) if rk_raw is not None else 0
+    except ValueError:
+        raise ValueError(f"bad world size / rank in the environment: WORLD_SIZE={ws_raw!r} "
+                         f"RANK={rk_raw!r}") from None
+    if ws < 1:
+        raise ValueError(f"world size {ws} must be at least 1")
+    if not 0 <= rk < ws:
+        raise ValueError(f"process rank {rk} is out of range for world size {ws}")
+
+
+# ---- warm-up: create the collective communicators while the processes are in step ------------
+
+_warm = {"done": False}
+
+
+def warm_up(jax=None) -> None:
+    """A tiny all-reduce over the replica mesh, checked; a no-op for one process.
+
+    Call right after `jax.distributed.initialize` (every process returns from it at about
+    the same time), so gloo's communicator over all devices is created then.
+    """
+    if _warm["done"] or process_group.world_size() <= 1:
+        return
+    if jax is None:
+        from . import runtime
+        jax = runtime.jax_module()
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    devs = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+    world = len(devs)
+    mesh = Mesh(np.array(devs), ("r",))
+    local = jax.local_devices()[0]
+    me = process_group.global_ordinal()
+    x = jax.make_array_from_single_device_arrays(
+        (world,), NamedSharding(mesh, P("r")),
+        [jax.device_put(np.full((1,), me + 1, np.int32), local)])
+    fn = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "r"), mesh=mesh, in_specs=P("r"),
+                               out_specs=P("r"), check_vma=False))
+    got = int(np.asarray(fn(x).addressable_shards[0].data)[0])
+    want = world * (world + 1) // 2
+    if got != want:
+        raise RuntimeError(f"warm-up all-reduce over {world} replicas returned {got}, expected {want}")
+    _warm["done"] = True
+
+
+# ---- the child side ------------------------------------------------------------------------
+
+def _set_parent_death_signal() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (no orphans if the parent is killed)."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except Exception:
+        pass
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _child_main(rank: int, env: Dict[str, str], parent_pid: int, workdir: str, fn: Callable,
+                args: tuple, eager_init: bool) -> None:
+    """Entry point of a spawned replica."""
+    os.environ.update(env)
+    try:
+        os.setpgrp()  # own process group: the parent can stop this child and its helpers at once
+    except OSError:
+        pass
+    _set_parent_death_signal()
+    if os.getppid() != parent_pid:  # the parent died before we set the death signal
+        os._exit(1)
+    try:
+        check_environment()
+        if eager_init:
+            from . import runtime
+            runtime.jax_module()   # jax.distributed.initialize: every replica waits for the others here
+            warm_up()
+        result = fn(rank, *args)
+        try:
+            payload = pickle.dumps(result)
+        except Exception:
+            payload = pickle.dumps(None)
+        _write_atomic(os.path.join(workdir, f"result-{rank}.pkl"), payload)
+    except SystemExit as e:
+        code = e.code
+        if code in (None, 0):
+            _flush()
+            raise
+        text = f"SystemExit({code!r}) raised in replica {rank}:\n" + traceback.format_exc()
+        try:
+            _write_atomic(os.path.join(workdir, f"error-{rank}.txt"), text.encode())
+        except Exception:
+            pass
+        sys.stderr.write(f"[replica {rank}] " + text)
+        _flush()
+        os._exit(code if isinstance(code, int) else 1)
+    except BaseException:
+        text = traceback.format_exc()
+        try:
+            _write_atomic(os.path.join(workdir, f"error-{rank}.txt"), text.encode())
+        except Exception:
+            pass
+        sys.stderr.write(f"[replica {rank}] " + text)
+        _flush()
+        # Exit at once: atexit handlers (jax.distributed.shutdown waits for the peers) would hang.
+        os._exit(1)
+    _flush()
+
+
+def _flush():
+    for s in (sys.stdout, sys.stderr):
+        try:
+            s.flush()
+        except Exception:
+            pass
+
+
+# ---- the parent side ----------------------------------------------------------------------
+
+_env_lock = threading.Lock()
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    for target in (lambda: os.killpg(pid, sig), lambda: os.kill(pid, sig)):
+        try:
+            target()
+        except (ProcessLookupError, PermissionError, OSError):
+            pass
+
+
+class ProcessContext:
+    """The running replicas of one launch (returned by `spawn(join=False)`)."""
+
+    def __init__(self, procs: List[multiprocessing.process.BaseProcess], workdir: str):
+        self.processes = procs
+        self.workdir = workdir
+        self._results: Dict[int, Any] = {}
+        self._done = False
+
+    def pids(self) -> List[int]:
+        return [p.pid for p in self.processes]
+
+    def _error_text(self, rank: int) -> str:
+        path = os.path.join(self.workdir, f"error-{rank}.txt")
+        try:
+            with open(path, "rb") as f:
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def terminate(self) -> None:
+        """SIGTERM every live replica (and its helpers), SIGKILL after the grace period, reap."""
+        live = [p for p in self.processes if p.exitcode is None]
+        for p in live:
+            _signal_group(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + _grace_s()
+        for p in live:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self.processes:
+            # Kill stragglers, and any helper left in a child's process group.
+            _signal_group(p.pid, signal.SIGKILL)
+        for p in self.processes:
+            p.join(5)
+
+    def join(self, timeout: Optional[float] = None) -> bool:
+        """Waits for all replicas; True when all exited cleanly. Raises on a failure."""
+        from multiprocessing.connection import wait
+        end = None if timeout is None else time.monotonic() + timeout
+        try:
+            while True:
+                failed = [r for r, p in enumerate(self.processes) if p.exitcode not in (None, 0)]
+                if failed:
+                    rank = self._root_cause(failed)
+                    self._fail(rank, self.processes[rank])
+                live = [p for p in self.processes if p.exitcode is None]
+                if not live:
+                    self._finish()
+                    return True
+                remaining = None if end is None else end - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                wait([p.sentinel for p in live], timeout=remaining if remaining is not None else 1.0)
+        except BaseException:
+            # KeyboardInterrupt, our own ProcessFailedError, anything: no replica survives us.
+            self.terminate()
+            self._cleanup()
+            raise
+
+    def _root_cause(self, failed: List[int]) -> int:
+        """Of replicas found dead together, the one that failed first.
+
+        A replica killed by a signal leaves no traceback and is taken as the cause (its
+        peers' errors are the consequence); otherwise the earliest traceback file wins.
+        """
+        if len(failed) == 1:
+            return failed[0]
+        by_signal = [r for r in failed if (self.processes[r].exitcode or 0) < 0]
+        if by_signal:
+            return by_signal[0]
+
+        def when(r):
+            try:
+                return os.stat(os.path.join(self.workdir, f"error-{r}.txt")).st_mtime_ns
+            except OSError:
+                return float("inf")
+        return min(failed, key=when)
+
+    def _fail(self, rank: int, p) -> None:
+        code = p.exitcode
+        self.terminate()
+        text = self._error_text(rank)
+        if code is not None and code < 0:
+            try:
+                how = f"was killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+        else:
+            how = f"exited with code {code}"
+        msg = f"replica (process) {rank} of {len(self.processes)} {how}; the other replicas were stopped"
+        if text:
+            msg += f".\n\n-- traceback of replica {rank} --\n{text}"
+        raise ProcessFailedError(msg, rank, code, text)
+
+    def _finish(self) -> None:
+        for rank in range(len(self.processes)):
+            path = os.path.join(self.workdir, f"result-{rank}.pkl")
+            try:
+                with open(path, "rb") as f:
+                    self._results[rank] = pickle.load(f)
+            except Exception:
+                self._results[rank] = None
+        self._done = True
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def results(self) -> Dict[int, Any]:
+        return dict(self._results)
+
+
+def start_processes(fn: Callable, args: tuple = (), nprocs: int = 2, start_method: str = "spawn",
+                    daemon: bool = False, eager_init: bool = True,
+                    coordinator: Optional[str] = None) -> ProcessContext:
+    """Starts `nprocs` replicas of `fn(index, *args)` on this host, each owning one device."""
+    if nprocs < 1:
+        raise ValueError(f"nprocs must be at least 1, got {nprocs}")
+    if coordinator is None:
+        coordinator = f"127.0.0.1:{free_port()}"
+    else:
+        host, _, port = coordinator.rpartition(":")
+        check_port_free(host, int(port))
+    ctx = multiprocessing.get_context(start_method)
+    workdir = tempfile.mkdtemp(prefix="torch_xla_launch_")
+    procs = []
+    context = ProcessContext(procs, workdir)
+    try:
+        for rank in range(nprocs):
+            env = {
+                "TORCH_XLA_JAX_PROCESS_ID": str(rank),
+                "TORCH_XLA_JAX_WORLD_SIZE": str(nprocs),
+                "TORCH_XLA_JAX_LOCAL_RANK": str(rank),
+                "TORCH_XLA_JAX_LOCAL_WORLD_SIZE": str(nprocs),
+                "TORCH_XLA_JAX_COORDINATOR": coordinator,
+            }
+            p = ctx.Process(target=_child_main, args=(rank, env, os.getpid(), workdir, fn, tuple(args), eager_init),
+                            daemon=daemon, name=f"xla-replica-{rank}")
+            with _env_lock:
+                # The child's environment is set from its very start (before any import).
+                saved = {k: os.environ.get(k) for k in env}
+                os.environ.update(env)
+                try:
+                    p.start()
+                finally:
+                    for k, v in saved.items():
+                        if v is None:
+                            os.environ.pop(k, None)
+                        else:
+                            os.environ[k] = v
+            procs.append(p)
+    except BaseException:
+        context.terminate()
+        context._cleanup()
+        raise
+    return context
+
+
+def spawn(fn: Callable, args: tuple = (), nprocs: Optional[int] = None, join: bool = True,
+          daemon: bool = False, start_method: str = "spawn", return_results: bool = False):
+    """`xmp.spawn`: one replica of `fn(index, *args)` per device.
+
+    - Under torchrun (or inside a launched replica) no process is started: `fn(local_rank,
+      *args)` runs here.
+    - With one process (nprocs=1, or one device) `fn(0, *args)` runs here; its result is
+      returned.
+    - Otherwise: with join=True, waits and returns None (or {rank: result} when
+      `return_results`); a replica failing raises ProcessFailedError after stopping the
+      others. With join=False, returns the ProcessContext.
+    """
+    if under_torchrun() or in_launched_child():
+        check_environment()
+        return fn(process_group.local_ordinal(), *args)
+    n = default_nprocs() if nprocs is None else int(nprocs)
+    if n == 1:
+        return fn(0, *args)
+    context = start_processes(fn, args, nprocs=n, start_method=start_method, daemon=daemon)
+    if not join:
+        return context
+    context.join()
+    return context.results() if return_results else None
