@@ -96,6 +96,7 @@ class OpKernel:
         self.name = op.name()  # aten::add.Tensor
         schema = op._schema
         self.arg_names = [a.name for a in schema.arguments]
+        self.signature = [(a.name, str(a.type)) for a in schema.arguments]
         self.kinds = tuple(_KIND_OF_TYPE.get(str(a.type), X) for a in schema.arguments)
         self.defaults = [a.default_value if a.has_default_value() else None for a in schema.arguments]
         self.index_of = {n: i for i, n in enumerate(self.arg_names)}
@@ -360,6 +361,8 @@ def from_cpu(t: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tens
 
 def set_data(t: torch.Tensor, cpu: torch.Tensor) -> None:
     """Replaces the value of inner XLA tensor `t` with CPU data (fallback write-back)."""
+    if tuple(t.shape) != tuple(cpu.shape):
+        k_resize_(t, cpu.shape)
     new = from_cpu(cpu.to(t.dtype))
     s = t._xla
     ns = new._xla
@@ -528,6 +531,17 @@ def k_is_pinned(x, device=None):
     return False
 
 
+def k_resize_(self, size, memory_format=None):
+    """Resizing an inner tensor: new sizes, contents undefined (zeros), as for `out=` tensors."""
+    size = tuple(int(v) for v in size)
+    if tuple(self.shape) == size:
+        return self
+    new = _const_tensor(size, self.dtype, 0)
+    self.data = new  # takes the new sizes; the Python object (and its attributes) stays
+    self._xla = new._xla
+    return self
+
+
 def k_set_source(self, source):
     s = self._xla if hasattr(self, "_xla") else state_of(self)
     src = state_of(source)
@@ -551,6 +565,92 @@ def _overload(name: str):
     if pk is None:
         return None
     return getattr(pk, ov, None)
+
+
+def _set_value(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """Makes inner tensor `dst` hold the value of `src` (same shape)."""
+    d = dst._xla if hasattr(dst, "_xla") else state_of(dst)
+    r = src._xla
+    d.node, d.idx = r.node, r.idx
+    if type(d.node) is not ir.DeviceData:
+        pending.add(d)
+
+
+class _InplaceKernel:
+    """`foo_(self, ...)` on an inner tensor: the functional `foo`, then self takes the value.
+
+    Functionalization turns user-level in-place ops into functional ones before they
+    reach the backend; these kernels serve PyTorch's own composite kernels, which run
+    below functionalization on inner tensors.
+    """
+
+    def __init__(self, functional: OpKernel):
+        self.functional = functional
+
+    def __call__(self, *args, **kwargs):
+        out = self.functional(*args, **kwargs)
+        target = args[0]
+        if isinstance(out, (list, tuple)):  # _foreach_*_: self is a list
+            for t, o in zip(target, out):
+                _set_value(t, o)
+            return None
+        if target.dtype != out.dtype:
+            out = _TO_COPY(out, dtype=target.dtype)
+        _set_value(target, out)
+        return target
+
+
+class _OutKernel:
+    """`foo.out(..., out=)`: the functional `foo`, then `out` takes the value (and shape)."""
+
+    def __init__(self, functional: OpKernel, out_names):
+        self.functional = functional
+        self.out_names = out_names
+
+    def __call__(self, *args, **kwargs):
+        outs = [kwargs.pop(n) for n in self.out_names]
+        res = self.functional(*args, **kwargs)
+        res = list(res) if isinstance(res, (list, tuple)) else [res]
+        for o, r in zip(outs, res):
+            if o.dtype != r.dtype:
+                r = _TO_COPY(r, dtype=o.dtype)
+            if tuple(o.shape) != r._xla.shape:
+                o.resize_(r.shape)
+            _set_value(o, r)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _register_mutating_variants(special) -> None:
+    """Registers `foo_` and `foo.out` for every lowered functional `foo` that has them."""
+    for name, k in list(KERNELS.items()):
+        if name.startswith("_to_copy") or name.startswith("copy"):
+            continue
+        packet, ov = name.split(".", 1)
+        # in-place: foo_.ov
+        ip = _overload(f"{packet}_.{ov}")
+        if ip is not None and not _is_composite_implicit(ip):
+            short = f"{packet}_" if ov == "default" else f"{packet}_.{ov}"
+            if short not in special:
+                _lib.impl(short, _InplaceKernel(k), "PrivateUse1")
+        # out variant: the overload of the same packet taking the same inputs plus out=.
+        for oo in _out_overloads(packet):
+            ins = [(a.name, str(a.type)) for a in oo._schema.arguments if not a.is_out]
+            if ins == k.signature and not _is_composite_implicit(oo):
+                out_args = [a.name for a in oo._schema.arguments if a.is_out]
+                _lib.impl(oo.name().split("::")[1], _OutKernel(k, out_args), "PrivateUse1")
+                break
+
+
+def _out_overloads(packet: str):
+    pk = getattr(torch.ops.aten, packet, None)
+    if pk is None:
+        return []
+    res = []
+    for ov in pk.overloads():
+        op = getattr(pk, ov)
+        if any(a.is_out for a in op._schema.arguments):
+            res.append(op)
+    return res
 
 
 def _is_composite_implicit(op) -> bool:
@@ -581,6 +681,7 @@ def register() -> None:
         "_local_scalar_dense": k_local_scalar_dense,
         "is_pinned": k_is_pinned,
         "set_.source_Tensor": k_set_source,
+        "resize_": k_resize_,
     }
     for name, low in LOWERINGS.items():
         op = _overload(name)
@@ -596,6 +697,7 @@ def register() -> None:
             # derivative. Their lowering still serves dynamo/export graphs.
             continue
         _lib.impl(short, k, "PrivateUse1")
+    _register_mutating_variants(special)
     _TO_COPY = KERNELS["_to_copy.default"]
     _COPY = KERNELS["copy.default"]
     for name, fn in special.items():
