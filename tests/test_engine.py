@@ -240,3 +240,28 @@ def test_eager_mode_runs_each_op():
         eager_mode(False)
     c = torch.ones(3).to("xla:0") + 1
     assert not state_of(c).is_data
+
+
+def test_partial_sync_does_not_donate_buffers_other_pending_graphs_read():
+    a0 = torch.randn(3)
+    a = a0.to("xla:0")
+    b = a * 2
+    c = b + 1
+    d = b * 3
+    del a, b
+    assert_same(c, a0 * 2 + 1)
+    assert_same(d, a0 * 6)
+
+
+def test_none_outputs_of_backward_ops():
+    conv = torch.nn.Conv2d(2, 3, 3, bias=False)
+    x = torch.randn(1, 2, 5, 5, requires_grad=True)
+    xc = conv(x).sum()
+    gx, gw = torch.autograd.grad(xc, (x, conv.weight))
+    convd = torch.nn.Conv2d(2, 3, 3, bias=False).to("xla:0")
+    with torch.no_grad():
+        convd.weight.copy_(conv.weight.to("xla:0"))
+    xd = x.detach().to("xla:0").requires_grad_()
+    gxd, gwd = torch.autograd.grad(convd(xd).sum(), (xd, convd.weight))
+    assert_same(gxd, gx, rtol=1e-5, atol=1e-5)
+    assert_same(gwd, gw, rtol=1e-5, atol=1e-5)

@@ -78,14 +78,15 @@ def lower_node(node: ir.Node, operand_vals: list):
     if low.promote and node.info is not None:
         cdt = runtime.device_dtype(node.info)
         args = _cast_arrays(args, cdt, jnp)
-    lowering_ctx.out = tuple((s, runtime.device_dtype(d)) for s, d in node.avals)
+    lowering_ctx.out = tuple(None if a is None else (a[0], runtime.device_dtype(a[1])) for a in node.avals)
     lowering_ctx.node = node
     out = _flat_outputs(low.fn(*args))
     res = []
-    for o, (shape, dtype) in zip(out, node.avals):
-        if o is None:
+    for o, aval in zip(out, node.avals):
+        if o is None or aval is None:
             res.append(None)
             continue
+        shape, dtype = aval
         want = runtime.device_dtype(dtype)
         o = jnp.asarray(o)
         if o.dtype != want:
@@ -308,8 +309,13 @@ def lowered(roots):
     return jax.jit(graph.build_fn(), keep_unused=True).lower(*args)
 
 
-def execute(states: List[XlaState]) -> None:
-    """Computes the pending values of `states` in one program and stores the results."""
+def execute(states: List[XlaState], barrier: bool = False) -> None:
+    """Computes the pending values of `states` in one program and stores the results.
+
+    `barrier`: `states` are all the live pending tensors (a full barrier). Only then can
+    the executor know that no IR outside this graph still reads a buffer, so only then
+    are the buffers of overwritten tensors donated.
+    """
     states = [s for s in states if type(s.node) is not ir.DeviceData]
     if not states:
         return
@@ -324,7 +330,7 @@ def execute(states: List[XlaState]) -> None:
     graph = Graph(roots)
     args = graph.param_values()
     replicated = graph.replicated
-    donate = () if replicated else _donatable(graph, states)
+    donate = _donatable(graph, states) if barrier and not replicated else ()
     if replicated:
         args = _to_global(args, graph)
     key = hash((graph.key, donate))
@@ -371,7 +377,7 @@ def sync(wait: bool = False, states: Optional[List[XlaState]] = None) -> None:
         if live:
             metrics.add_sample("TensorsGraphSize", len(live))
             try:
-                execute(live)
+                execute(live, barrier=states is None)
             except BaseException:
                 if states is None:
                     pending.restore(live)

@@ -92,8 +92,7 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     prec = _HI
     if not transposed:
         return lax.conv_general_dilated(x, w, stride, [(p, p) for p in padding], rhs_dilation=dilation,
-                                        dimension_numbers=_dn(nsp), feature_group_count=groups,
-                                        precision=prec)
+                                        dimension_numbers=_dn(nsp), feature_group_count=groups, precision=prec)
     output_padding = _tup(output_padding, nsp, (0,))
     cin, coutg = w.shape[0], w.shape[1]
     k = w.shape[2:]
@@ -105,10 +104,6 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
             for kk, d, p, op in zip(k, dilation, padding, output_padding)]
     return lax.conv_general_dilated(x, wt, (1,) * nsp, pads, lhs_dilation=stride, rhs_dilation=dilation,
                                     dimension_numbers=_dn(nsp), feature_group_count=groups, precision=prec)
-
-
-def _conv_float(x):
-    return x if jnp.issubdtype(x.dtype, jnp.inexact) else x.astype(jnp.float32)
 
 
 def _conv_meta(opname):
@@ -147,8 +142,6 @@ def _convolution(x, w, b, stride, padding, dilation, transposed, output_padding,
 @lowering("aten::convolution_backward", meta=_meta_fill("convolution_backward"))
 def convolution_backward(g, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
                          output_mask=(True, True, True)):
-    if len(output_mask) == 3 and not isinstance(bias_sizes, (tuple, list)) and bias_sizes is not None:
-        pass
     f = lambda xx, ww: _conv(xx, ww, stride, padding, dilation, transposed, output_padding, groups)
     _, vjp = jax.vjp(f, x, w.astype(x.dtype))
     gx, gw = vjp(g.astype(x.dtype))
@@ -231,10 +224,8 @@ def _max_windows(x, idxs, valids):
         am = jnp.argmax(win, axis=-1)
     val = jnp.take_along_axis(win, am[..., None], axis=-1)[..., 0]
     flat = jnp.asarray(_flat_index(idxs, in_sizes))
-    oshape = flat.shape[:-1]
     flat_b = jnp.broadcast_to(flat, am.shape + flat.shape[-1:])
     ind = jnp.take_along_axis(flat_b, am[..., None], axis=-1)[..., 0]
-    del oshape
     return val, ind.astype(jnp.int64)
 
 
@@ -435,7 +426,6 @@ def _bshape(v, ndim):
 
 
 def _bn_forward(x, w, b, rm, rv, training, momentum, eps):
-    xd = x
     x = _opmath(x)
     axes = (0,) + tuple(range(2, x.ndim))
     if training:
@@ -459,7 +449,6 @@ def _bn_forward(x, w, b, rm, rv, training, momentum, eps):
         y = y * _bshape(w.astype(x.dtype), x.ndim)
     if b is not None:
         y = y + _bshape(b.astype(x.dtype), x.ndim)
-    del xd
     return y, mean, invstd, new_rm, new_rv
 
 
