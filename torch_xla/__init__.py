@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from ._engine import device as _device
 from ._engine import dispatch as _dispatch
-from ._engine import nn_module as _nn_module
+from ._engine import torch_patches as _torch_patches
 
 _device.register()
 _dispatch.register()
-_nn_module.install()
+_torch_patches.install()
 
 from ._api import (device, devices, device_count, sync, step, compile, manual_seed,  # noqa: E402
                    launch, real_devices, is_xla_tensor)

@@ -104,8 +104,16 @@ def manual_seed(seed: int, device: Optional[torch.device] = None) -> None:
 
 
 def launch(fn: Callable, args: tuple = (), start_method: str = "spawn", debug_single_process: bool = False):
-    """Runs `fn(index, *args)` once per device (in this process when there is one device)."""
-    if debug_single_process or runtime.world_size_env() <= 1:
+    """Runs `fn(index, *args)` once per device, one process each.
+
+    With one device (PJRT_DEVICE=CPU and CPU_NUM_DEVICES unset or 1) or
+    `debug_single_process=True`, `fn(0, *args)` runs in this process. Under torchrun no
+    process is started: `fn(local_rank, *args)` runs here. A replica that fails stops the
+    others and raises here, naming the replica, with its traceback.
+    """
+    from ._engine import launcher
+    if launcher.under_torchrun() or launcher.in_launched_child():
+        return launcher.spawn(fn, args=args, start_method=start_method)
+    if debug_single_process:
         return fn(0, *args)
-    from .distributed import xla_multiprocessing as xmp
-    return xmp.spawn(fn, args=args, start_method=start_method)
+    return launcher.spawn(fn, args=args, nprocs=None, start_method=start_method)

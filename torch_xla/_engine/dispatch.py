@@ -470,6 +470,11 @@ def k_empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_
     return wrap_user(_const_tensor(size, dtype, 0))
 
 
+def k_empty_quantized(size, qtensor, dtype=None, layout=None, device=None, pin_memory=None,
+                      memory_format=None):
+    raise TypeError(f"dtype {qtensor.dtype} is not supported on the xla device")
+
+
 def k_empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
     return k_empty(size, dtype)
 
@@ -702,6 +707,8 @@ def register() -> None:
     _COPY = KERNELS["copy.default"]
     for name, fn in special.items():
         _lib.impl(name, fn, "PrivateUse1")
+    # Quantized CPU tensors reach the device through empty_quantized: refuse by dtype.
+    _lib.impl("empty_quantized", k_empty_quantized, "QuantizedPrivateUse1")
     _lib_fallback = torch.library.Library("_", "IMPL")
     _lib_fallback.fallback(_fallback_kernel, "PrivateUse1")
 

@@ -15,6 +15,7 @@ import math
 
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax import lax
 
 from . import lowering, out_dtype, out_shape
@@ -439,14 +440,24 @@ def _softmax_parts(x, dim):
     return z, axis
 
 
-@lowering("aten::_softmax")
+def _softmax_meta(op_name):
+    """PyTorch's meta kernel for (log_)softmax does not check `dim`; the CPU does."""
+    def meta(x, dim, half_to_float):
+        n = max(x.dim(), 1)
+        if not -n <= dim < n:
+            raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
+        return getattr(torch.ops.aten, op_name)(x, dim, half_to_float)
+    return meta
+
+
+@lowering("aten::_softmax", meta=_softmax_meta("_softmax"))
 def softmax(x, dim, half_to_float=False):
     z, axis = _softmax_parts(x, dim)
     e = jnp.exp(z)
     return _out(e / jnp.sum(e, axis=axis, keepdims=True))
 
 
-@lowering("aten::_log_softmax")
+@lowering("aten::_log_softmax", meta=_softmax_meta("_log_softmax"))
 def log_softmax(x, dim, half_to_float=False):
     z, axis = _softmax_parts(x, dim)
     return _out(z - jnp.log(jnp.sum(jnp.exp(z), axis=axis, keepdims=True)))

@@ -1,9 +1,12 @@
-"""Keeps tied parameters tied when a module moves to the xla device.
+"""The two places where PyTorch's own Python needs help with xla tensors.
 
-`Module._apply` gives each module its own new Parameter when the old one cannot
-take the new data in place, which is the case from CPU to xla (different tensor
-types). Two modules that shared one Parameter (an embedding tied to an LM head)
-would then train two copies. This wrapper restores the sharing afterwards.
+- `Module._apply` gives each module its own new Parameter when the old one cannot
+  take the new data in place, which is the case from CPU to xla (different tensor
+  types). Two modules that shared one Parameter (an embedding tied to an LM head)
+  would then train two copies: the wrapper restores the sharing afterwards.
+- `cpu_tensor.copy_(xla_tensor)` (what `cpu_model.load_state_dict(xla_state_dict)`
+  does) reaches functionalization with a plain destination and a functional source,
+  which it refuses: the source is read to the CPU first.
 """
 from __future__ import annotations
 
@@ -41,6 +44,21 @@ def _apply(self, fn, recurse=True):
     return out
 
 
+_orig_copy_ = torch.Tensor.copy_
+
+
+def _copy_(self, src, non_blocking=False):
+    if (isinstance(src, torch.Tensor) and src.device.type == "xla" and self.device.type != "xla"
+            and not torch._is_functional_tensor(self)):
+        src = src.to(self.device)
+    return _orig_copy_(self, src, non_blocking)
+
+
+_copy_.__doc__ = _orig_copy_.__doc__
+
+
 def install() -> None:
     if torch.nn.Module._apply is not _apply:
         torch.nn.Module._apply = _apply
+    if torch.Tensor.copy_ is not _copy_:
+        torch.Tensor.copy_ = _copy_

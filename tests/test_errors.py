@@ -1,0 +1,212 @@
+"""Bad input raises the same exception as eager PyTorch on the CPU, at the op's line.
+
+Each bad op is first run on CPU tensors to learn torch's own exception type; then the same
+op on xla tensors must raise exactly that type inside a `pytest.raises` around the single op
+call, before any barrier (a lazy engine that only failed at `xm.mark_step()` would fail
+these tests with DID NOT RAISE).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torch_xla
+import torch_xla.core.xla_model as xm
+
+
+def _xla():
+    return xm.xla_device()
+
+
+def _cpu_error(fn, *args):
+    with pytest.raises(Exception) as ei:
+        fn(*args)
+    return ei.value
+
+
+def _check_same_error(fn, *cpu_args, lazy=False):
+    """fn raises the same exception type on xla copies of the args, at the call."""
+    cerr = _cpu_error(fn, *cpu_args)
+    if lazy:
+        # inputs with pending IR (not yet materialised), as in a real training step
+        xargs = [a.to(_xla()) * 1 if isinstance(a, torch.Tensor) and a.is_floating_point()
+                 else (a.to(_xla()) + 0 if isinstance(a, torch.Tensor) else a) for a in cpu_args]
+    else:
+        xargs = [a.to(_xla()) if isinstance(a, torch.Tensor) else a for a in cpu_args]
+    with pytest.raises(Exception) as ei:
+        fn(*xargs)
+    assert type(ei.value) is type(cerr), (
+        f"xla raised {type(ei.value).__name__}: {ei.value}\nCPU raised {type(cerr).__name__}: {cerr}")
+    assert str(ei.value)
+    # the failed op leaves no broken pending graph behind
+    xm.mark_step()
+    ok = (torch.ones(2, device=_xla()) * 3).sum()
+    xm.mark_step()
+    assert ok.item() == 6.0
+    return ei.value, cerr
+
+
+LAZY = pytest.mark.parametrize("lazy", [False, True], ids=["data", "pending"])
+
+
+@LAZY
+def test_add_broadcast_mismatch(lazy):
+    _check_same_error(lambda a, b: a + b, torch.randn(2, 3), torch.randn(4, 3), lazy=lazy)
+
+
+@LAZY
+def test_inplace_add_broadcast_mismatch(lazy):
+    _check_same_error(lambda a, b: a.add_(b), torch.randn(2, 3), torch.randn(2, 4), lazy=lazy)
+
+
+@LAZY
+def test_inplace_result_cannot_broadcast_to_self(lazy):
+    _check_same_error(lambda a, b: a.mul_(b), torch.randn(1, 3), torch.randn(2, 3), lazy=lazy)
+
+
+@LAZY
+def test_matmul_inner_dim_mismatch(lazy):
+    _check_same_error(lambda a, b: a @ b, torch.randn(2, 3), torch.randn(4, 5), lazy=lazy)
+    _check_same_error(torch.mm, torch.randn(2, 3), torch.randn(4, 5), lazy=lazy)
+    _check_same_error(torch.bmm, torch.randn(2, 2, 3), torch.randn(2, 4, 5), lazy=lazy)
+
+
+@LAZY
+def test_view_bad_size(lazy):
+    _check_same_error(lambda a: a.view(7), torch.randn(2, 3), lazy=lazy)
+    _check_same_error(lambda a: a.view(-1, 4), torch.randn(2, 3), lazy=lazy)
+    _check_same_error(lambda a: a.reshape(5, -1), torch.randn(2, 3), lazy=lazy)
+
+
+@LAZY
+def test_cat_mismatched_dims(lazy):
+    _check_same_error(lambda a, b: torch.cat([a, b], dim=0), torch.randn(2, 3), torch.randn(2, 4), lazy=lazy)
+    _check_same_error(lambda a, b: torch.cat([a, b], dim=1), torch.randn(2, 3), torch.randn(2, 3, 1), lazy=lazy)
+
+
+@LAZY
+def test_conv_wrong_channel_count(lazy):
+    conv_w = torch.randn(4, 3, 3, 3)
+    _check_same_error(lambda x, w: F.conv2d(x, w), torch.randn(1, 2, 8, 8), conv_w, lazy=lazy)
+
+
+def test_conv_module_wrong_channel_count():
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 4, 3)
+    x = torch.randn(1, 5, 8, 8)
+    cerr = _cpu_error(conv, x)
+    xconv = nn.Conv2d(3, 4, 3).to(_xla())
+    xx = x.to(_xla())
+    with pytest.raises(type(cerr)):
+        xconv(xx)
+
+
+def test_linear_wrong_in_features():
+    lin = nn.Linear(3, 4)
+    x = torch.randn(2, 5)
+    cerr = _cpu_error(lin, x)
+    xl = nn.Linear(3, 4).to(_xla())
+    with pytest.raises(type(cerr)):
+        xl(x.to(_xla()))
+
+
+@LAZY
+def test_index_out_of_range(lazy):
+    _check_same_error(lambda a: a[5], torch.randn(3, 2), lazy=lazy)
+    _check_same_error(lambda a: a.select(1, 2), torch.randn(3, 2), lazy=lazy)
+    _check_same_error(lambda a: a.narrow(0, 2, 3), torch.randn(3, 2), lazy=lazy)
+
+
+@LAZY
+def test_dim_out_of_range(lazy):
+    _check_same_error(lambda a: a.sum(dim=3), torch.randn(3, 2), lazy=lazy)
+    _check_same_error(lambda a: a.transpose(0, 2), torch.randn(3, 2), lazy=lazy)
+    _check_same_error(lambda a: torch.log_softmax(a, dim=2), torch.randn(3, 2), lazy=lazy)
+
+
+@LAZY
+def test_softmax_dim_out_of_range(lazy):
+    _check_same_error(lambda a: torch.softmax(a, dim=-3), torch.randn(3, 2), lazy=lazy)
+
+
+def test_expand_bad_size():
+    _check_same_error(lambda a: a.expand(4, 3), torch.randn(2, 3))
+
+
+def test_loss_target_shape_mismatch():
+    _check_same_error(lambda a, t: F.mse_loss(a, t, reduction="none") + a,
+                      torch.randn(2, 3), torch.randn(4, 3))
+    _check_same_error(lambda a, t: F.nll_loss(a, t), torch.randn(4, 10), torch.randint(0, 10, (3,)))
+
+
+def test_error_is_raised_before_barrier_in_a_pending_graph():
+    """A long pending graph, then a bad op: raised at the op; the rest of the graph survives."""
+    a = torch.randn(2, 3).to(_xla())
+    b = (a * 2 + 1).sin()
+    with pytest.raises(RuntimeError):
+        b @ torch.randn(4, 5).to(_xla())
+    c = b.sum()
+    xm.mark_step()
+    torch.testing.assert_close(c.cpu(), (a.cpu() * 2 + 1).sin().sum())
+
+
+# ---------------------------------------------------------------------------------------
+# device mismatch
+
+def test_cpu_linear_given_xla_tensor():
+    lin = nn.Linear(3, 4)
+    x = torch.randn(2, 3).to(_xla())
+    with pytest.raises(RuntimeError) as ei:
+        lin(x)
+    msg = str(ei.value)
+    assert "xla" in msg and "cpu" in msg, msg
+
+
+def test_xla_linear_given_cpu_tensor():
+    lin = nn.Linear(3, 4).to(_xla())
+    x = torch.randn(2, 3)
+    with pytest.raises(RuntimeError) as ei:
+        lin(x)
+    msg = str(ei.value)
+    assert "xla" in msg and "cpu" in msg, msg
+
+
+def test_binary_op_cpu_and_xla_tensor():
+    with pytest.raises(RuntimeError) as ei:
+        torch.randn(2, 3).to(_xla()) + torch.randn(2, 3)
+    msg = str(ei.value)
+    assert "xla" in msg and "cpu" in msg, msg
+    # a 0-d CPU tensor mixes in as a scalar, as with CUDA
+    r = torch.ones(2, 3).to(_xla()) + torch.tensor(2.0)
+    assert r.device.type == "xla"
+    torch.testing.assert_close(r.cpu(), torch.full((2, 3), 3.0))
+
+
+# ---------------------------------------------------------------------------------------
+# unsupported dtypes
+
+def _refused(fn, dtype):
+    with pytest.raises((TypeError, RuntimeError)) as ei:
+        fn()
+    msg = str(ei.value)
+    name = str(dtype)                 # e.g. "torch.complex32"
+    assert name in msg or name.replace("torch.", "") in msg, msg
+    return ei.value
+
+
+def test_complex32_refused():
+    _refused(lambda: torch.zeros(2, dtype=torch.complex32, device=_xla()), torch.complex32)
+    _refused(lambda: torch.zeros(2, dtype=torch.complex32).to(_xla()), torch.complex32)
+
+
+@pytest.mark.parametrize("dtype", [torch.quint8, torch.qint8, torch.qint32])
+def test_quantized_refused(dtype):
+    q = torch.quantize_per_tensor(torch.randn(4), 0.1, 0, dtype)
+    _refused(lambda: q.to(_xla()), dtype)
+
+
+def test_unsupported_dtype_conversion_on_device():
+    x = torch.randn(2).to(_xla())
+    _refused(lambda: x.to(torch.complex32), torch.complex32)

@@ -1,0 +1,581 @@
+"""The `xla` backend of torch.distributed and the `xla://` init method.
+
+    import torch.distributed as dist
+    import torch_xla.distributed.xla_backend  # registers both
+    dist.init_process_group('xla', init_method='xla://')
+
+`xla://` takes rank and world size from the runtime (torch_xla.runtime) and gives
+torch.distributed a store built on the job's coordination service (jax's key-value
+store), so no extra port is needed. The process group's collectives on XLA tensors
+are the lazy collectives of `xm` (all_reduce, all_gather, ...): they become part of
+the step's graph and every replica must issue them in the same order. Collectives on
+CPU tensors (used by `all_gather_object`, `broadcast_object_list`, ...) and send/recv
+go through the key-value store. Every returned Work is already complete.
+"""
+from __future__ import annotations
+
+import datetime
+import io
+import itertools
+import pickle
+from typing import List, Optional
+from urllib.parse import parse_qs, urlparse
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import Work
+from torch.distributed import ProcessGroup
+
+import torch_xla.core.xla_model as xm
+import torch_xla.runtime as xr
+from .._engine import collectives as _coll
+from .._engine import process_group as _pg
+from .._engine import tensor as _tensor
+
+__all__ = ["ProcessGroupXla", "XlaKVStore", "WorkXla", "make_xla_process_group"]
+
+
+# ---- Work -------------------------------------------------------------------------------
+
+class WorkXla(Work):
+    """A finished piece of work: the collective is a lazy op already in the step graph."""
+
+    def __init__(self, result: Optional[List[torch.Tensor]] = None):
+        super().__init__()
+        self._result = result if result is not None else []
+        self._future = torch.futures.Future()
+        self._future.set_result(self._result)
+
+    def wait(self, timeout=None):
+        return True
+
+    def is_completed(self):
+        return True
+
+    def is_success(self):
+        return True
+
+    def exception(self):
+        return None
+
+    def result(self):
+        return self._result
+
+    def get_future(self):
+        return self._future
+
+    def synchronize(self):
+        return None
+
+
+# ---- a torch.distributed Store on the coordination service -------------------------------
+
+class XlaKVStore(dist.Store):
+    """torch.distributed.Store over jax's coordination-service key-value store."""
+
+    _PREFIX = "torch_xla/store/"
+
+    def __init__(self, timeout: Optional[datetime.timedelta] = None):
+        super().__init__()
+        self._client = _pg.kv_client()
+        self._timeout = timeout or datetime.timedelta(seconds=_pg.collective_timeout_s())
+
+    def _k(self, key: str) -> str:
+        return self._PREFIX + key
+
+    def _ms(self, timeout=None) -> int:
+        t = timeout if timeout is not None else self._timeout
+        if isinstance(t, datetime.timedelta):
+            t = t.total_seconds()
+        return max(int(t * 1000), 1)
+
+    @staticmethod
+    def _bytes(value) -> bytes:
+        if isinstance(value, str):
+            return value.encode()
+        return bytes(value)
+
+    def set(self, key, value):
+        self._client.key_value_set_bytes(self._k(key), self._bytes(value), allow_overwrite=True)
+
+    def get(self, key):
+        try:
+            return self._client.blocking_key_value_get_bytes(self._k(key), self._ms())
+        except Exception as e:
+            raise dist.DistStoreError(f"XlaKVStore.get({key!r}) timed out after "
+                                      f"{self._ms() // 1000} s: {e}") from None
+
+    def add(self, key, amount):
+        return int(self._client.key_value_increment(self._k(key), int(amount)))
+
+    def check(self, keys):
+        for k in keys:
+            try:
+                if self._client.key_value_try_get_bytes(self._k(k)) is None:
+                    return False
+            except Exception:
+                return False
+        return True
+
+    def wait(self, keys, timeout=None):
+        for k in keys:
+            try:
+                self._client.blocking_key_value_get_bytes(self._k(k), self._ms(timeout))
+            except Exception as e:
+                raise dist.DistStoreError(f"XlaKVStore.wait({k!r}) timed out: {e}") from None
+
+    def delete_key(self, key):
+        try:
+            self._client.key_value_delete(self._k(key))
+            return True
+        except Exception:
+            return False
+
+    def compare_set(self, key, expected, desired):
+        # Not atomic across processes (the coordination service has no compare-and-swap).
+        try:
+            cur = self._client.key_value_try_get_bytes(self._k(key))
+        except Exception:
+            cur = None
+        expected = self._bytes(expected)
+        if (cur is None and expected == b"") or cur == expected:
+            self.set(key, desired)
+            return self._bytes(desired)
+        return cur if cur is not None else expected
+
+    def set_timeout(self, timeout):
+        self._timeout = timeout
+
+    @property
+    def timeout(self):
+        return self._timeout
+
+
+# ---- the process group ------------------------------------------------------------------
+
+_REDUCE_OPS = {
+    dist.ReduceOp.SUM: xm.REDUCE_SUM,
+    dist.ReduceOp.PRODUCT: xm.REDUCE_MUL,
+    dist.ReduceOp.MIN: xm.REDUCE_MIN,
+    dist.ReduceOp.MAX: xm.REDUCE_MAX,
+    dist.ReduceOp.BAND: xm.REDUCE_AND,
+    dist.ReduceOp.BOR: xm.REDUCE_OR,
+}
+
+
+def _reduce_kind(op):
+    """(xm reduce type, scale) of a torch ReduceOp."""
+    if op == dist.ReduceOp.AVG:
+        return xm.REDUCE_SUM, None
+    for k, v in _REDUCE_OPS.items():
+        if op == k:
+            return v, 1.0
+    raise NotImplementedError(f"the xla process group does not support reduce op {op}")
+
+
+def _is_xla(t: torch.Tensor) -> bool:
+    return t.device.type == "xla"
+
+
+def _fv(t: torch.Tensor) -> torch.Tensor:
+    """A functional view of an XLA tensor to compute with (inner tensors get a wrapper)."""
+    if _is_xla(t) and not torch._is_functional_tensor(t):
+        return torch._to_functional_tensor(t)
+    return t
+
+
+def _np_reduce(kind, arrays):
+    import numpy as np
+    a = np.stack(arrays)
+    if kind == xm.REDUCE_SUM:
+        return a.sum(0)
+    if kind == xm.REDUCE_MUL:
+        return a.prod(0)
+    if kind == xm.REDUCE_MIN:
+        return a.min(0)
+    if kind == xm.REDUCE_MAX:
+        return a.max(0)
+    if kind == xm.REDUCE_AND:
+        return np.logical_and.reduce(a, 0) if a.dtype == bool else np.bitwise_and.reduce(a, 0)
+    if kind == xm.REDUCE_OR:
+        return np.logical_or.reduce(a, 0) if a.dtype == bool else np.bitwise_or.reduce(a, 0)
+    raise NotImplementedError(kind)
+
+
+def _dumps(t: torch.Tensor) -> bytes:
+    buf = io.BytesIO()
+    torch.save(t.detach().cpu().contiguous(), buf)
+    return buf.getvalue()
+
+
+def _loads(b: bytes) -> torch.Tensor:
+    return torch.load(io.BytesIO(b), weights_only=True)
+
+
+class ProcessGroupXla(ProcessGroup):
+    """torch.distributed process group over all replicas, with XLA collectives."""
+
+    def __init__(self, store, rank: int, size: int, timeout=None):
+        super().__init__(rank, size)
+        self._store = store
+        self._timeout = timeout
+        self._rank = rank
+        self._size = size
+        self._p2p_seq = {}
+        self._host_seq = itertools.count()
+
+    # -- identity -------------------------------------------------------------------------
+    def getBackendName(self):
+        return "xla"
+
+    def name(self):
+        return "xla"
+
+    # -- helpers --------------------------------------------------------------------------
+    def _host_gather(self, t: torch.Tensor, what: str) -> List[torch.Tensor]:
+        """Every replica's copy of a host tensor, through the key-value store."""
+        tag = f"torch_xla/pg/{what}"
+        payloads = _coll.rendezvous(tag, _dumps(t))
+        return [_loads(p) for p in payloads]
+
+    @staticmethod
+    def _assign(dst: torch.Tensor, src: torch.Tensor) -> None:
+        """dst <- src, in place. torch.distributed hands a backend the *inner* XLA tensors
+        (functionalization unwraps the arguments of c10d ops), so an XLA destination that is
+        not a functional wrapper gets the new value by pointing it at src's IR value."""
+        with torch.no_grad():
+            if _is_xla(dst) and not torch._is_functional_tensor(dst):
+                src = _fv(src.to(dst.device)).to(dst.dtype).reshape(dst.shape)
+                _tensor.replace_state(dst, _tensor.state_of(src))
+            else:
+                dst.copy_(src.to(dst.dtype).reshape(dst.shape))
+
+    # -- all_reduce -----------------------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        op = opts.reduceOp if opts is not None and hasattr(opts, "reduceOp") else dist.ReduceOp.SUM
+        kind, scale = _reduce_kind(op)
+        if scale is None:
+            scale = 1.0 / self._size
+        results = []
+        for t in tensors:
+            k = xm.REDUCE_OR if (kind == xm.REDUCE_SUM and t.dtype == torch.bool) else kind
+            if _is_xla(t):
+                r = xm.all_reduce(k, _fv(t), scale=scale)
+                self._assign(t, r)
+                results.append(r)
+            else:
+                parts = self._host_gather(t, "allreduce")
+                r = torch.from_numpy(_np_reduce(k, [p.numpy() for p in parts]))
+                if scale != 1.0:
+                    r = r * scale
+                self._assign(t, r)
+                results.append(t)
+        # The future's value: functional tensors holding the results (DDP takes views of them).
+        return WorkXla(results)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts)
+
+    # -- all_gather -----------------------------------------------------------------------
+    def allgather(self, output_tensors_lists, input_tensors, opts=None):
+        for outs, inp in zip(output_tensors_lists, input_tensors):
+            if _is_xla(inp):
+                g = xm.all_gather(_fv(inp).reshape(1, -1), dim=0)  # (world, numel)
+                for i, o in enumerate(outs):
+                    self._assign(o, g[i])
+            else:
+                parts = self._host_gather(inp, "allgather")
+                for o, p in zip(outs, parts):
+                    self._assign(o, p)
+        return WorkXla([t for outs in output_tensors_lists for t in outs])
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        return self.allgather(output_lists, input_list, opts)
+
+    def _allgather_base(self, output, input, opts=None):
+        if _is_xla(input):
+            self._assign(output, xm.all_gather(_fv(input).reshape((1,) + tuple(input.shape)), dim=0))
+        else:
+            parts = self._host_gather(input, "allgather_base")
+            self._assign(output, torch.cat([p.reshape(1, -1) for p in parts]))
+        return WorkXla([output])
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        for o, i in zip(outputs, inputs):
+            self._allgather_base(o, i, opts)
+        return WorkXla(list(outputs))
+
+    # -- reduce_scatter -------------------------------------------------------------------
+    def _reduce_scatter_one(self, output, stacked, op):
+        """stacked: (world, *output.shape) on the device."""
+        kind, scale = _reduce_kind(op)
+        if scale is None:
+            scale = 1.0 / self._size
+        if _is_xla(stacked):
+            r = xm.reduce_scatter(kind, _fv(stacked), scale, 0, self._size)
+            self._assign(output, r[0])
+        else:
+            parts = self._host_gather(stacked, "reduce_scatter")
+            r = torch.from_numpy(_np_reduce(kind, [p.numpy() for p in parts]))[self._rank]
+            if scale != 1.0:
+                r = r * scale
+            self._assign(output, r)
+
+    def reduce_scatter(self, output_tensors, input_tensors_lists, opts=None):
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        for out, ins in zip(output_tensors, input_tensors_lists):
+            self._reduce_scatter_one(out, torch.stack([_fv(i).reshape(out.shape) for i in ins]), op)
+        return WorkXla(list(output_tensors))
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        self._reduce_scatter_one(output, _fv(input).reshape((self._size,) + tuple(output.shape)), op)
+        return WorkXla([output])
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        for o, i in zip(outputs, inputs):
+            self._reduce_scatter_base(o, i, opts)
+        return WorkXla(list(outputs))
+
+    # -- broadcast / reduce / gather / scatter ----------------------------------------------
+    def _from_root(self, t: torch.Tensor, root: int) -> torch.Tensor:
+        """The root's value of `t` on every replica: all_reduce(where(rank == root, t, 0)).
+
+        Every replica builds the same graph (the choice is a device value, not Python
+        control flow): replicas of one SPMD program must trace identical graphs.
+        """
+        is_root = torch.tensor(self._rank == root).to(t.device)
+        contrib = torch.where(is_root, t, torch.zeros_like(t))
+        kind = xm.REDUCE_OR if t.dtype == torch.bool else xm.REDUCE_SUM
+        return xm.all_reduce(kind, contrib)
+
+    def broadcast(self, tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        for t in tensors:
+            if _is_xla(t):
+                self._assign(t, self._from_root(_fv(t), root))
+            else:
+                parts = self._host_gather(t, "broadcast")
+                self._assign(t, parts[root])
+        return WorkXla(list(tensors))
+
+    def reduce(self, tensors, opts=None):
+        from torch.distributed import AllreduceOptions
+        ar = AllreduceOptions()
+        ar.reduceOp = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        return self.allreduce(tensors, ar)
+
+    def gather(self, output_tensors_lists, input_tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        for outs, inp in zip(output_tensors_lists, input_tensors):
+            if _is_xla(inp):
+                g = xm.all_gather(_fv(inp).reshape(1, -1), dim=0)
+                parts = [g[i] for i in range(self._size)]
+            else:
+                parts = self._host_gather(inp, "gather")
+            if self._rank == root:
+                for o, p in zip(outs, parts):
+                    self._assign(o, p)
+        return WorkXla([t for outs in output_tensors_lists for t in outs])
+
+    def scatter(self, output_tensors, input_tensors_lists, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        for i, out in enumerate(output_tensors):
+            if _is_xla(out):
+                if self._rank == root:
+                    stacked = torch.stack([_fv(t).reshape(out.shape) for t in input_tensors_lists[i]])
+                else:  # same graph on every replica: a device buffer of the same shape
+                    stacked = torch.zeros((self._size,) + tuple(out.shape), dtype=out.dtype).to(out.device)
+                full = self._from_root(stacked, root)
+                self._assign(out, full[self._rank])
+            else:
+                mine = torch.stack(input_tensors_lists[i]) if self._rank == root else torch.zeros(0)
+                parts = self._host_gather(mine, "scatter")
+                self._assign(out, parts[root][self._rank])
+        return WorkXla(list(output_tensors))
+
+    # -- all_to_all -----------------------------------------------------------------------
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        n = self._size
+        for splits in (output_split_sizes, input_split_sizes):
+            if splits and any(s != splits[0] for s in splits):
+                raise NotImplementedError("the xla process group supports all_to_all_single with equal "
+                                          f"splits only, got {list(splits)}")
+        if _is_xla(input):
+            self._assign(output, xm.all_to_all(_fv(input), 0, 0, n))
+        else:
+            parts = self._host_gather(input, "alltoall")
+            self._assign(output, torch.cat([p.chunk(n)[self._rank] for p in parts]))
+        return WorkXla([output])
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        n = self._size
+        if all(_is_xla(t) for t in input_tensors):
+            shapes = {tuple(t.shape) for t in input_tensors}
+            if len(shapes) != 1:
+                raise NotImplementedError("the xla process group supports all_to_all with equal shapes only")
+            stacked = torch.stack([_fv(t) for t in input_tensors])  # (n, ...)
+            r = xm.all_to_all(stacked, 0, 0, n)
+            for i, o in enumerate(output_tensors):
+                self._assign(o, r[i])
+        else:
+            parts = self._host_gather(torch.stack([t.cpu() for t in input_tensors]), "alltoall")
+            for i, o in enumerate(output_tensors):
+                self._assign(o, parts[i][self._rank])
+        return WorkXla(list(output_tensors))
+
+    # -- barrier / point to point --------------------------------------------------------
+    def barrier(self, opts=None):
+        if self._size > 1:
+            _coll.rendezvous("torch_xla/pg/barrier")
+        return WorkXla([])
+
+    def _next_seq(self, a: int, b: int) -> int:
+        k = (a, b)
+        s = self._p2p_seq.get(k, 0)
+        self._p2p_seq[k] = s + 1
+        return s
+
+    def send(self, tensors, dst, tag=0):
+        client = _pg.kv_client()
+        for t in tensors:
+            seq = self._next_seq(self._rank, dst)
+            client.key_value_set_bytes(f"torch_xla/pg/p2p/{self._rank}->{dst}/{tag}/{seq}", _dumps(t))
+        return WorkXla(list(tensors))
+
+    def recv(self, tensors, src, tag=0):
+        client = _pg.kv_client()
+        ms = _pg.collective_timeout_s() * 1000
+        for t in tensors:
+            seq = self._next_seq(src, self._rank)
+            key = f"torch_xla/pg/p2p/{src}->{self._rank}/{tag}/{seq}"
+            try:
+                data = client.blocking_key_value_get_bytes(key, ms)
+            except Exception as e:
+                raise RuntimeError(f"recv from rank {src}: nothing arrived within {ms // 1000} s ({e})") from None
+            try:
+                client.key_value_delete(key)
+            except Exception:
+                pass
+            self._assign(t, _loads(data).to(t.device))
+        return WorkXla(list(tensors))
+
+
+# ---- cpu_tensor.copy_(xla_tensor) from C++ -----------------------------------------------
+#
+# DDP's C++ code (verify_params_across_processes, Reducer::sync_bucket_indices) copies
+# device results into CPU tensors with `cpu.copy_(xla)`. PyTorch's functionalization
+# kernel for copy_ refuses a functional source with a non-functional destination unless
+# the device type is DeviceType::XLA (ours is PrivateUse1 named "xla"), so those calls
+# fail with "mutating a non-functional tensor with a functional tensor is not allowed".
+# This kernel replaces the Functionalize kernel of aten::copy_ with the same semantics
+# plus that case. Installed when the xla process group is created.
+# TODO(engine): move to _engine/dispatch.register() so plain user code gets it too.
+
+_copy_fix = {"lib": None}
+
+
+def _functionalize_copy_(self, src, non_blocking=False):
+    guard = lambda: torch._C._ExcludeDispatchKeyGuard(  # noqa: E731
+        torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize))
+    if torch._is_functional_tensor(src):
+        torch._sync(src)
+        src_ = torch._from_functional_tensor(src)
+    else:
+        src_ = src
+    if not torch._is_functional_tensor(self):
+        with guard():
+            if self.device.type != "xla" and src_.device.type == "xla":
+                src_ = src_.to("cpu")
+            self.copy_(src_, non_blocking)
+        return self
+    torch._sync(self)
+    self_ = torch._from_functional_tensor(self)
+    with guard():
+        out = torch.ops.aten.copy.default(self_, src_, non_blocking)
+    torch._functionalize_replace(self, out)
+    torch._functionalize_commit_update(self)
+    torch._sync(self)
+    return self
+
+
+def _install_copy_fix() -> None:
+    if _copy_fix["lib"] is not None:
+        return
+    import warnings
+    lib = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lib.impl("copy_", _functionalize_copy_, "Functionalize")
+    _copy_fix["lib"] = lib
+
+
+# ---- registration -----------------------------------------------------------------------
+
+def _check_job(rank: int, size: int) -> None:
+    rt_size, rt_rank = xr.world_size(), xr.global_ordinal()
+    if size != rt_size:
+        raise ValueError(f"init_process_group('xla'): world_size={size} but the XLA runtime has "
+                         f"{rt_size} replica(s) (TORCH_XLA_JAX_WORLD_SIZE / WORLD_SIZE)")
+    if rank != rt_rank:
+        raise ValueError(f"init_process_group('xla'): rank={rank} but this process is replica "
+                         f"{rt_rank} of the XLA runtime")
+
+
+def _start_runtime() -> None:
+    """Joins the job (jax.distributed) and creates the collective communicators."""
+    from .._engine import launcher, runtime
+    launcher.check_environment()
+    runtime.jax_module()
+    launcher.warm_up()
+
+
+def make_xla_process_group(store, rank, size, timeout):
+    """The creator registered for the `xla` backend (called by init_process_group/new_group)."""
+    world = xr.world_size()
+    if size < world:
+        raise NotImplementedError(
+            f"the xla backend supports process groups over all {world} replicas only (got a group "
+            f"of {size}); use xm collectives with `groups=` for subgroups")
+    _check_job(rank, size)
+    if size > 1:
+        _start_runtime()
+    _install_copy_fix()
+    return ProcessGroupXla(store, rank, size, timeout)
+
+
+def _xla_rendezvous_handler(url: str, timeout=None, **kwargs):
+    """`xla://`: rank and world size from the runtime, store on the coordination service."""
+    from .._engine import launcher
+    launcher.check_environment()
+    rank, size = xr.global_ordinal(), xr.world_size()
+    query = parse_qs(urlparse(url).query)
+    if "rank" in query and int(query["rank"][0]) != rank:
+        raise ValueError(f"xla:// init: rank={query['rank'][0]} was given but this process is replica {rank}")
+    if "world_size" in query and int(query["world_size"][0]) != size:
+        raise ValueError(f"xla:// init: world_size={query['world_size'][0]} was given but the job has "
+                         f"{size} replica(s)")
+    if size > 1 and _pg.coordinator_address() is None:
+        raise RuntimeError(
+            "xla:// init: this process is rank {} of {} but there is no coordinator: start the job with "
+            "torch_xla.launch / xmp.spawn or torchrun, or set TORCH_XLA_JAX_COORDINATOR".format(rank, size))
+    if size > 1:
+        _start_runtime()
+        store = XlaKVStore(timeout)
+    else:
+        store = dist.HashStore()
+    yield (store, rank, size)
+    raise RuntimeError("xla:// rendezvous handler called again: the store was already handed out")
+
+
+def _register() -> None:
+    if "xla" not in dist.Backend.backend_list or not hasattr(dist.Backend, "XLA") or \
+            "XLA" not in getattr(dist.Backend, "_plugins", {}):
+        dist.Backend.register_backend("xla", make_xla_process_group, devices=["xla"])
+    try:
+        dist.register_rendezvous_handler("xla", _xla_rendezvous_handler)
+    except RuntimeError:
+        pass  # already registered
+
+
+_register()
