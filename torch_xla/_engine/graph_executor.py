@@ -25,7 +25,7 @@ from .tensor import XlaState, pending
 COLLECTIVE_OPS = frozenset({"xla::all_reduce", "xla::all_gather", "xla::reduce_scatter",
                             "xla::all_to_all", "xla::collective_permute"})
 _lock = threading.RLock()
-_cache: Dict[int, "Executable"] = {}
+_cache: Dict[int, List["Executable"]] = {}
 _step_closures: List = []
 _listeners = {"after_sync": []}
 
@@ -309,6 +309,26 @@ def lowered(roots):
     return jax.jit(graph.build_fn(), keep_unused=True).lower(*args)
 
 
+def _lookup(key, donatable: tuple):
+    """A compiled program for `key` that donates only buffers that may be donated now.
+
+    Which buffers are free to donate can change between steps with the same graph (an
+    optimizer's state appears at step 2): an executable donating a subset is reused
+    rather than compiling again.
+    """
+    exes = _cache.get(key)
+    if not exes:
+        return None
+    best = None
+    free = set(donatable)
+    for exe in exes:
+        if exe.donated == donatable:
+            return exe
+        if free.issuperset(exe.donated) and (best is None or len(exe.donated) > len(best.donated)):
+            best = exe
+    return best
+
+
 def execute(states: List[XlaState], barrier: bool = False) -> None:
     """Computes the pending values of `states` in one program and stores the results.
 
@@ -333,11 +353,10 @@ def execute(states: List[XlaState], barrier: bool = False) -> None:
     donate = _donatable(graph, states) if barrier and not replicated else ()
     if replicated:
         args = _to_global(args, graph)
-    key = hash((graph.key, donate))
-    exe = _cache.get(key)
+    exe = _lookup(graph.key, donate)
     if exe is None:
         exe = _compile(graph, args, donate)
-        _cache[key] = exe
+        _cache.setdefault(graph.key, []).append(exe)
     else:
         metrics.inc("CachedCompile")
     with metrics.timed("ExecuteTime"):
@@ -449,7 +468,7 @@ def run_step_closures() -> None:
 
 
 def cache_size() -> int:
-    return len(_cache)
+    return sum(len(v) for v in _cache.values())
 
 
 def clear_cache() -> None:
