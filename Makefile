@@ -4,7 +4,7 @@ VENV ?= .venv
 VPY = $(VENV)/bin/python
 STAMP = $(VENV)/.installed
 
-.PHONY: setup demo test test-slow bench clean
+.PHONY: setup demo test test-slow bench coverage coverage-full clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -25,6 +25,13 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	PJRT_DEVICE=CPU $(VPY) -m pytest -q -m slow tests
+
+## Op coverage against PyTorch's OpInfo database (docs/op_coverage.md); -full: every sample.
+coverage: $(STAMP)
+	PJRT_DEVICE=CPU $(VPY) tools/op_coverage.py --samples 2 --out docs/op_coverage.md
+
+coverage-full: $(STAMP)
+	PJRT_DEVICE=CPU $(VPY) tools/op_coverage.py --full --jobs 2 --out build/op_coverage_full.md --json build/op_coverage_full.json
 
 bench: $(STAMP)
 	PJRT_DEVICE=CPU $(VPY) bench/run_all.py
