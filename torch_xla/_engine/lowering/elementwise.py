@@ -99,12 +99,36 @@ def abs_(x):
 
 @lowering("aten::sign", promote=True)
 def sign(x):
-    return jnp.sign(x)
+    return x if x.dtype == jnp.bool_ else jnp.sign(x)
 
 
 @lowering("aten::sgn")
 def sgn(x):
+    if x.dtype == jnp.bool_:
+        return x
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        a = jnp.abs(x)
+        return jnp.where(a == 0, jnp.zeros((), x.dtype), x / jnp.where(a == 0, 1, a).astype(x.dtype))
     return jnp.sign(x)
+
+
+# PyTorch's generic kernels for these write into an output through views, which needs
+# shared storage; they get direct lowerings.
+
+@lowering("aten::complex")
+def complex_(real, imag):
+    return lax.complex(real, imag)
+
+
+@lowering("aten::polar")
+def polar(absv, angle):
+    return lax.complex(absv * jnp.cos(angle), absv * jnp.sin(angle))
+
+
+@lowering("aten::mvlgamma")
+def mvlgamma(x, p):
+    c = (p * (p - 1) / 4) * math.log(math.pi)
+    return c + sum(lax.lgamma(x - j / 2) for j in range(p))
 
 
 @lowering("aten::reciprocal", promote=True)

@@ -280,3 +280,18 @@ def unfold_backward(grad, input_sizes, dim, size, step):
     sl = [slice(None)] * nd
     sl[dim] = idx.reshape(-1)
     return z.at[tuple(sl)].add(g)
+
+
+@lowering("aten::block_diag")
+def block_diag(tensors):
+    dt = out_dtype()
+    mats = [jnp.reshape(t, (1, -1)) if t.ndim < 2 else t for t in tensors]
+    mats = [jnp.reshape(t, (1, 1)) if t.ndim == 0 else t for t in mats]
+    rows, cols = out_shape()
+    out = jnp.zeros((rows, cols), dt)
+    r = c = 0
+    for m in mats:
+        out = lax.dynamic_update_slice(out, m.astype(dt), (r, c))
+        r += m.shape[0]
+        c += m.shape[1]
+    return out
