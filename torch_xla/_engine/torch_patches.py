@@ -62,3 +62,71 @@ def install() -> None:
         torch.nn.Module._apply = _apply
     if torch.Tensor.copy_ is not _copy_:
         torch.Tensor.copy_ = _copy_
+    install_inplace_meta()
+
+
+# ---- lean shape checks for in-place elementwise ops ---------------------------------------
+# Functionalization checks an in-place op by running it on meta tensors before turning it
+# into its functional form. For many elementwise ops PyTorch's meta kernel is Python code
+# that costs tens of microseconds per call, more than tracing the op. These kernels run the
+# full check once per (op, shapes, dtypes, scalar types) and remember that it passed.
+
+_INPLACE_ELEMENTWISE = (
+    "add_.Tensor", "add_.Scalar", "sub_.Tensor", "sub_.Scalar", "mul_.Tensor", "mul_.Scalar",
+    "div_.Tensor", "div_.Scalar", "div_.Tensor_mode", "div_.Scalar_mode", "addcmul_", "addcdiv_",
+    "lerp_.Scalar", "lerp_.Tensor", "clamp_", "clamp_.Tensor", "clamp_min_", "clamp_max_",
+    "sqrt_", "rsqrt_", "exp_", "log_", "neg_", "abs_", "sigmoid_", "tanh_", "relu_",
+    "pow_.Scalar", "pow_.Tensor", "reciprocal_", "sign_", "floor_", "ceil_", "round_", "trunc_",
+    "masked_fill_.Scalar", "masked_fill_.Tensor", "maximum_", "minimum_",
+)
+_meta_ok = set()
+_meta_lib = None
+
+
+def _meta_key(name, args, kwargs):
+    key = [name]
+    for a in args:
+        key.append((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else type(a))
+    for k, v in kwargs.items():
+        key.append((k, (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else type(v)))
+    return tuple(key)
+
+
+def _make_inplace_meta(name, functional):
+    def meta(self, *args, **kwargs):
+        key = _meta_key(name, (self,) + args, kwargs)
+        if key in _meta_ok:
+            return self
+        out = functional(self, *args, **kwargs)
+        if tuple(out.shape) != tuple(self.shape):
+            raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the broadcast "
+                               f"shape {list(out.shape)}")
+        if not torch.can_cast(out.dtype, self.dtype):
+            raise RuntimeError(f"result type {_dtype_name(out.dtype)} can't be cast to the desired "
+                               f"output type {_dtype_name(self.dtype)}")
+        _meta_ok.add(key)
+        return self
+    return meta
+
+
+def _dtype_name(d):
+    return {torch.float32: "Float", torch.float64: "Double", torch.int64: "Long", torch.int32: "Int",
+            torch.bool: "Bool", torch.bfloat16: "BFloat16", torch.float16: "Half",
+            torch.complex64: "ComplexFloat"}.get(d, str(d))
+
+
+def install_inplace_meta() -> None:
+    global _meta_lib
+    if _meta_lib is not None:
+        return
+    _meta_lib = torch.library.Library("aten", "IMPL")
+    for name in _INPLACE_ELEMENTWISE:
+        packet, _, ov = name.partition(".")
+        ip = getattr(torch.ops.aten, packet, None)
+        fpk = getattr(torch.ops.aten, packet[:-1], None)
+        if ip is None or fpk is None:
+            continue
+        ov = ov or "default"
+        if not hasattr(ip, ov) or not hasattr(fpk, ov):
+            continue
+        _meta_lib.impl(name, _make_inplace_meta(name, getattr(fpk, ov)), "Meta")
