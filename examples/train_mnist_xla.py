@@ -119,11 +119,19 @@ def _mnist_dataset(datadir, prefix):
 def _make_loaders(flags):
     world = xr.world_size()
     if flags.fake_data:
+        # One global batch of batch_size * world samples; each replica takes its slice, so N
+        # replicas with --batch_size B see exactly the data of one process with N * B.
+        rank = xr.global_ordinal()
+
+        def shard(images, labels):
+            lo, hi = rank * flags.batch_size, (rank + 1) * flags.batch_size
+            return images[lo:hi].clone(), labels[lo:hi].clone()
+
         train_loader = xu.SampleGenerator(
-            data=_fake_batch(flags.batch_size, seed=1234),
+            data=shard(*_fake_batch(flags.batch_size * world, seed=1234)),
             sample_count=60000 // flags.batch_size // world)
         test_loader = xu.SampleGenerator(
-            data=_fake_batch(flags.batch_size, seed=4321),
+            data=shard(*_fake_batch(flags.batch_size * world, seed=4321)),
             sample_count=10000 // flags.batch_size // world)
         return train_loader, test_loader
     train_dataset = _mnist_dataset(flags.datadir, "train")

@@ -36,3 +36,13 @@ def test_item_tolist_numpy():
     assert x.sum().item() == a.sum().item()
     assert x.tolist() == a.tolist()
     assert (x.cpu().numpy() == a.numpy()).all()
+
+
+def test_torch_tensor_with_device_is_a_normal_xla_tensor():
+    t = torch.tensor([1, 2], dtype=torch.int32, device="xla:0")
+    t.copy_(torch.ones(2, dtype=torch.int32, device="xla:0"))
+    t.add_(torch.tensor([5, 6], dtype=torch.int32, device="xla:0"))
+    assert t.tolist() == [6, 7]
+    x = torch.tensor([1.0, 2.0], device="xla:0", requires_grad=True)
+    (x * x).sum().backward()
+    assert x.grad.tolist() == [2.0, 4.0]

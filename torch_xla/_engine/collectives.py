@@ -176,10 +176,17 @@ def broadcast_master_param(model: torch.nn.Module) -> None:
     if not tensors:
         return
     master = process_group.global_ordinal() == 0
+    # Every replica must trace the same graph (one SPMD program): choose with a device
+    # value, not with Python control flow (`t if master else zeros` gave the master a
+    # graph with parameters and the others one with constants: the job hung).
+    flags = {}
     for t in tensors:
         with torch.no_grad():
-            contrib = t if master else torch.zeros_like(t)
-            (o,) = engine_op("xla::all_reduce", [contrib], ("sum", 1.0, None), [(t.shape, t.dtype)])
+            if t.device not in flags:
+                flags[t.device] = torch.tensor(master).to(t.device)
+            contrib = torch.where(flags[t.device], t, torch.zeros_like(t))
+            kind = "or" if t.dtype == torch.bool else "sum"
+            (o,) = engine_op("xla::all_reduce", [contrib], (kind, 1.0, None), [(t.shape, t.dtype)])
             t.copy_(o)
     from . import graph_executor
     graph_executor.sync()

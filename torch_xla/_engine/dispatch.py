@@ -112,8 +112,21 @@ class OpKernel:
     # -- the hot path -------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         if self.low.alias:
-            s = state_of(args[0])
-            return make_tensor(s.node, s.idx, s.shape, s.dtype)
+            x = args[0]
+            if _is_functional(x):
+                # Reached without functionalization (torch.tensor(..., device=) lifts its
+                # result this way): keep the result a functional tensor.
+                if self.name in ("aten::lift_fresh", "aten::lift"):
+                    return x
+                s = state_of(x)
+                return wrap_user(make_tensor(s.node, s.idx, s.shape, s.dtype))
+            s = state_of(x)
+            out = make_tensor(s.node, s.idx, s.shape, s.dtype)
+            if self.name in ("aten::lift_fresh", "aten::lift"):
+                # torch.tensor(data, device=xla) moves its data with functionalization
+                # excluded, then lifts the result: this is where it becomes a user tensor.
+                return wrap_user(out)
+            return out
         n = len(args)
         if n < self.nargs or kwargs:
             args = list(args) + self.defaults[n:]

@@ -14,6 +14,7 @@ the processes are still in step, not at the model's first all-reduce.
 """
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import os
 import pickle
@@ -85,8 +86,10 @@ def check_port_free(host: str, port: int) -> None:
     """Raises a clear error when the coordinator's port is already taken on this host."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
-            s.bind(("" if host in ("0.0.0.0", "") else host, port))
+            s.bind(("", port))  # the coordination service listens on all interfaces
         except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                return  # not a local address, or no permission: let the runtime report it
             raise RuntimeError(
                 f"the coordinator port {port} on {host} is already in use ({e.strerror}); another job "
                 f"may be running. Choose another port (TORCH_XLA_JAX_COORDINATOR=host:port, or "
@@ -109,6 +112,20 @@ def check_environment() -> None:
         raise ValueError(f"world size {ws} must be at least 1")
     if not 0 <= rk < ws:
         raise ValueError(f"process rank {rk} is out of range for world size {ws}")
+
+
+def check_coordinator_port() -> None:
+    """In the process that hosts jax's coordination service (rank 0), before the runtime
+    starts: a clear error if the coordinator's port is taken (jax only says "Failed to
+    start RPC server")."""
+    from . import runtime
+    if runtime._state["jax"] is not None or process_group.world_size() <= 1 or \
+            process_group.global_ordinal() != 0:
+        return
+    addr = process_group.coordinator_address()
+    if addr:
+        host, _, port = addr.rpartition(":")
+        check_port_free(host, int(port))
 
 
 # ---- warm-up: create the collective communicators while the processes are in step ------------
@@ -179,6 +196,7 @@ def _child_main(rank: int, env: Dict[str, str], parent_pid: int, workdir: str, f
         os._exit(1)
     try:
         check_environment()
+        check_coordinator_port()
         if eager_init:
             from . import runtime
             runtime.jax_module()   # jax.distributed.initialize: every replica waits for the others here
@@ -327,6 +345,10 @@ class ProcessContext:
         msg = f"replica (process) {rank} of {len(self.processes)} {how}; the other replicas were stopped"
         if text:
             msg += f".\n\n-- traceback of replica {rank} --\n{text}"
+        elif code is not None and code > 0:
+            msg += (f". No traceback was recorded: replica {rank} failed before running the function "
+                    f"(importing the main module or unpickling the function/arguments; is the launch "
+                    f"under `if __name__ == '__main__':`?); see its stderr above")
         raise ProcessFailedError(msg, rank, code, text)
 
     def _finish(self) -> None:

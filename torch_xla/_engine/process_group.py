@@ -77,9 +77,17 @@ def initialize(jax) -> None:
     except Exception:
         pass
     timeout = collective_timeout_s()
+    from . import launcher
+    launcher.check_coordinator_port()  # rank 0: clear error if the port is taken
     jax.distributed.initialize(coordinator_address=addr, num_processes=world_size(),
                                process_id=global_ordinal(), initialization_timeout=timeout,
-                               heartbeat_timeout_seconds=int(os.environ.get("XLA_HEARTBEAT_TIMEOUT_S", "60")))
+                               heartbeat_timeout_seconds=int(os.environ.get("XLA_HEARTBEAT_TIMEOUT_S", "60")),
+                               # a replica that finishes first waits this long for the others at exit
+                               shutdown_timeout_seconds=timeout)
+    # Every process returns from initialize at about the same time: create gloo's
+    # communicator now (its creation waits only 30 s for the peers), not at the first
+    # collective of the model, which a replica may reach much later.
+    launcher.warm_up(jax)
 
 
 def is_multiprocess() -> bool:

@@ -424,6 +424,22 @@ class ProcessGroupXla(ProcessGroup):
                 self._assign(o, parts[i][self._rank])
         return WorkXla(list(output_tensors))
 
+    # The names torch.distributed (>= 2.10) calls for the single-tensor collectives.
+    def all_gather_single(self, output, input, opts=None):
+        return self._allgather_base(output, input, opts)
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        return self._reduce_scatter_base(output, input, opts)
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+
     # -- barrier / point to point --------------------------------------------------------
     def barrier(self, opts=None):
         if self._size > 1:
@@ -526,6 +542,7 @@ def _start_runtime() -> None:
     """Joins the job (jax.distributed) and creates the collective communicators."""
     from .._engine import launcher, runtime
     launcher.check_environment()
+    launcher.check_coordinator_port()
     runtime.jax_module()
     launcher.warm_up()
 

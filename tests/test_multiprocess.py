@@ -1,0 +1,415 @@
+"""Multi-process jobs: xmp.spawn / torch_xla.launch, collectives, torch.distributed, failures.
+
+Every device result is compared with the value computed on the CPU from all replicas'
+inputs (tests/mp_scripts/workers.py: a replica's inputs depend only on its rank).
+The fast tests start 2 processes; the 4-process, slow-replica and torchrun tests are
+marked slow.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from torch_xla._engine import launcher
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from mp_scripts import workers  # noqa: E402
+
+SCRIPTS = os.path.join(HERE, "mp_scripts")
+REPO = os.path.dirname(HERE)
+
+
+def _spawn(fn, args=(), nprocs=2):
+    return launcher.spawn(fn, args=args, nprocs=nprocs, return_results=True)
+
+
+def _inputs(n, shape=(2, 3)):
+    return [workers.rank_input(r, shape) for r in range(n)]
+
+
+def _close(a, b, **kw):
+    torch.testing.assert_close(a, b, **kw)
+
+
+def _pids_alive(pids):
+    alive = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().split(")")[-1].split()[0]
+            if state != "Z":
+                alive.append(pid)
+        except OSError:
+            pass
+    return alive
+
+
+def _child_pids(ppid):
+    """Live descendants of `ppid` (from ps)."""
+    out = subprocess.run(["ps", "-ww", "-eo", "pid=,ppid=,stat=,args="], capture_output=True, text=True).stdout
+    kids = {}
+    for line in out.splitlines():
+        pid, pp, stat, args = (line.split(None, 3) + [""])[:4]
+        if stat.startswith("Z") or args.startswith("ps ") or "resource_tracker" in args:
+            continue
+        kids.setdefault(int(pp), []).append((int(pid), args))
+    res, todo = [], [ppid]
+    while todo:
+        for k, args in kids.get(todo.pop(), []):
+            res.append((k, args))
+            todo.append(k)
+    return res
+
+
+# ---- collectives --------------------------------------------------------------------------
+
+def _check_collectives(res, n):
+    xs = _inputs(n)
+    stack = torch.stack(xs)
+    ints = [torch.tensor([r + 1, 3 * r + 2, 7], dtype=torch.int32) for r in range(n)]
+    bools = [torch.tensor([r == 0, True, False]) for r in range(n)]
+    bigs = _inputs(n, (2 * n, 3))
+    assert sorted(res) == list(range(n))
+    for r in range(n):
+        o = res[r]
+        assert o["rank"] == r and o["world"] == n and o["index"] == r and o["local_ordinal"] == r
+        _close(o["all_reduce_sum"], stack.sum(0))
+        _close(o["all_reduce_mul"], stack.prod(0))
+        _close(o["all_reduce_min"], stack.min(0).values)
+        _close(o["all_reduce_max"], stack.max(0).values)
+        and_i, or_i = ints[0].clone(), ints[0].clone()
+        for t in ints[1:]:
+            and_i &= t
+            or_i |= t
+        assert torch.equal(o["all_reduce_and_int"], and_i)
+        assert torch.equal(o["all_reduce_or_int"], or_i)
+        assert torch.equal(o["all_reduce_and_bool"], torch.stack(bools).all(0))
+        assert torch.equal(o["all_reduce_or_bool"], torch.stack(bools).any(0))
+        _close(o["all_reduce_scale"], stack.sum(0) * 0.5)
+        if n % 2 == 0:
+            g = (r // 2) * 2
+            _close(o["all_reduce_groups"], xs[g] + xs[g + 1])
+            _close(o["all_gather_groups"], torch.cat([xs[g], xs[g + 1]], 0))
+        assert o["all_reduce_list_same"] is True
+        _close(o["all_reduce_list"][0], stack.sum(0))
+        assert torch.equal(o["all_reduce_list"][1], torch.stack(ints).sum(0).to(torch.int32))
+        _close(o["all_gather_0"], torch.cat(xs, 0))
+        _close(o["all_gather_1"], torch.cat(xs, 1))
+        _close(o["all_gather_output"], torch.cat(xs, 0))
+        total = torch.stack(bigs).sum(0)
+        _close(o["reduce_scatter"], total[2 * r:2 * r + 2])
+        _close(o["reduce_scatter_scaled"], total[2 * r:2 * r + 2] / n)
+        _close(o["all_to_all"], torch.cat([b[2 * r:2 * r + 2] for b in bigs], 0))
+        _close(o["collective_permute"], xs[(r - 1) % n])
+        assert o["rendezvous"] == [f"payload-{i}".encode() for i in range(n)]
+        assert o["mesh_reduce"] == sum(range(1, n + 1))
+        _close(o["mesh_reduce_tensor"], torch.tensor([float(sum(range(n)))]))
+
+
+def test_collectives_and_dist_backend_2_processes():
+    res = _spawn(workers.collectives_job, args=(True,))
+    _check_collectives(res, 2)
+    _check_dist({r: res[r]["dist"] for r in res}, 2)
+
+
+@pytest.mark.slow
+def test_collectives_4_processes():
+    res = _spawn(workers.collectives_job, args=(True,), nprocs=4)
+    _check_collectives(res, 4)
+    _check_dist({r: res[r]["dist"] for r in res}, 4)
+
+
+def test_broadcast_master_param():
+    res = _spawn(workers.broadcast_master_param_job, args=(60.0,))
+    torch.manual_seed(100)
+    m0 = torch.nn.Linear(3, 2)
+    for r in range(2):
+        for p, q in zip(res[r], m0.parameters()):
+            _close(p, q.detach())
+
+
+# ---- torch.distributed backend ------------------------------------------------------------
+
+def _check_dist(res, n):
+    xs = _inputs(n)
+    stack = torch.stack(xs)
+    bigs = _inputs(n, (2 * n, 3))
+    for r in range(n):
+        o = res[r]
+        assert o["rank"] == r and o["world"] == n and o["backend"] == "xla"
+        _close(o["all_reduce"], stack.sum(0))
+        _close(o["all_reduce_max"], stack.max(0).values)
+        _close(o["all_reduce_avg"], stack.mean(0))
+        for i in range(n):
+            _close(o["all_gather"][i], xs[i])
+        _close(o["all_gather_into_tensor"], torch.cat(xs, 0))
+        total = torch.stack(bigs).sum(0)
+        _close(o["reduce_scatter_tensor"], total[2 * r:2 * r + 2])
+        _close(o["reduce_scatter"], total[2 * r:2 * r + 2])
+        _close(o["broadcast"], xs[n - 1])
+        _close(o["all_to_all_single"], torch.cat([b[2 * r:2 * r + 2] for b in bigs], 0))
+        if r == 1:
+            _close(o["recv"], xs[0] * 10)
+        assert o["all_gather_object"] == [{"rank": i, "s": "x" * (i + 1)} for i in range(n)]
+        assert o["broadcast_object_list"] == [f"from-{n - 1}", n - 1]
+        assert o["async_completed"] is True
+
+
+@pytest.mark.slow
+def test_dist_env_init_method_explicit_rank():
+    os.environ["TEST_DIST_PORT"] = str(launcher.free_port())
+    try:
+        _check_dist(_spawn(workers.dist_job, args=("env",)), 2)
+    finally:
+        os.environ.pop("TEST_DIST_PORT", None)
+
+
+# ---- training ---------------------------------------------------------------------------
+
+def test_training_matches_single_process():
+    """xm.optimizer_step and DDP, 2 processes x 8 samples == 1 process x 16 samples (CPU)."""
+    steps, batch = 4, 16
+    res = _spawn(workers.train_both_job, args=(steps, batch))
+    ref_params, ref_losses = workers.reference_training(steps, batch)
+    for mode in ("optimizer_step", "ddp"):
+        for r in range(2):
+            for p, q in zip(res[r][mode]["params"], ref_params):
+                _close(p, q, rtol=1e-5, atol=1e-5)
+            assert res[r][mode]["losses"] == pytest.approx(ref_losses, rel=1e-5, abs=1e-6)
+        for p, q in zip(res[0][mode]["params"], res[1][mode]["params"]):
+            assert torch.equal(p, q), f"{mode}: replicas diverged"
+
+
+# ---- failures ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("how", ["raise", "kill"])
+def test_failed_replica_stops_the_job(how, tmp_path):
+    os.environ["TEST_PID_DIR"] = str(tmp_path)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(launcher.ProcessFailedError) as ei:
+            launcher.spawn(workers.failing_job, args=(how,), nprocs=2)
+    finally:
+        os.environ.pop("TEST_PID_DIR", None)
+    elapsed = time.monotonic() - t0
+    assert elapsed < 90, f"took {elapsed:.0f} s"
+    err = ei.value
+    assert err.rank == 1
+    msg = str(err)
+    assert "replica (process) 1 of 2" in msg
+    if how == "raise":
+        assert "ValueError: deliberate failure in replica 1" in msg
+        assert "workers.py" in msg and "failing_job" in msg
+        assert err.exitcode == 1
+    else:
+        assert "SIGKILL" in msg
+    pids = [int(open(tmp_path / f"pid-{r}").read()) for r in range(2) if (tmp_path / f"pid-{r}").exists()]
+    assert pids, "the replicas never reached the failure point"
+    assert _pids_alive(pids) == []
+    assert _child_pids(os.getpid()) == [], "processes left behind"
+
+
+@pytest.mark.slow
+def test_nonzero_exit_is_reported(tmp_path):
+    os.environ["TEST_PID_DIR"] = str(tmp_path)
+    try:
+        with pytest.raises(launcher.ProcessFailedError) as ei:
+            launcher.spawn(workers.failing_job, args=("exit",), nprocs=2)
+    finally:
+        os.environ.pop("TEST_PID_DIR", None)
+    assert ei.value.rank == 1 and ei.value.exitcode == 3
+    assert "exited with code 3" in str(ei.value)
+
+
+# ---- launching without processes, and configuration errors --------------------------------
+
+def _ret_index(index, x):
+    return (index, x)
+
+
+def test_single_process_runs_in_process():
+    assert launcher.spawn(_ret_index, args=("a",), nprocs=1) == (0, "a")
+    import torch_xla
+    import torch_xla.distributed.xla_multiprocessing as xmp
+    assert xmp.spawn(_ret_index, args=("b",), nprocs=1) == (0, "b")
+    old = os.environ.pop("CPU_NUM_DEVICES", None)
+    try:
+        assert torch_xla.launch(_ret_index, args=("c",)) == (0, "c")
+        assert torch_xla.launch(_ret_index, args=("d",), debug_single_process=True) == (0, "d")
+    finally:
+        if old is not None:
+            os.environ["CPU_NUM_DEVICES"] = old
+
+
+def test_under_torchrun_spawn_calls_fn_with_local_rank(monkeypatch):
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.delenv("TORCH_XLA_JAX_PROCESS_ID", raising=False)
+    import torch_xla
+    assert launcher.spawn(_ret_index, args=("t",), nprocs=8) == (1, "t")
+    assert torch_xla.launch(_ret_index, args=("u",)) == (1, "u")
+
+
+def test_coordinator_port_in_use():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        with pytest.raises(RuntimeError, match=f"coordinator port {port} .* already in use"):
+            launcher.start_processes(_ret_index, args=(1,), nprocs=2, coordinator=f"127.0.0.1:{port}")
+
+
+def test_wrong_world_size_and_rank(monkeypatch):
+    import torch.distributed as dist
+    import torch_xla.distributed.xla_backend  # noqa: F401
+    with pytest.raises(ValueError, match="world_size=3 but the XLA runtime has 1"):
+        dist.init_process_group("xla", store=dist.HashStore(), rank=0, world_size=3)
+    assert not dist.is_initialized()
+    monkeypatch.setenv("TORCH_XLA_JAX_WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCH_XLA_JAX_PROCESS_ID", "5")
+    with pytest.raises(ValueError, match="rank 5 is out of range for world size 2"):
+        launcher.check_environment()
+
+
+def test_xla_init_without_launcher(monkeypatch):
+    import torch.distributed as dist
+    import torch_xla.distributed.xla_backend  # noqa: F401
+    for k in ("TORCH_XLA_JAX_COORDINATOR", "MASTER_ADDR", "MASTER_PORT", "TORCH_XLA_JAX_PROCESS_ID"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(RuntimeError, match="no coordinator"):
+        dist.init_process_group("xla", init_method="xla://")
+    assert not dist.is_initialized()
+
+
+def test_xla_init_single_process():
+    """One process alone: `xla://` gives rank 0 of 1 and collectives are the identity."""
+    code = textwrap.dedent("""
+        import torch, torch.distributed as dist, torch_xla
+        import torch_xla.distributed.xla_backend
+        dist.init_process_group('xla', init_method='xla://')
+        t = torch.ones(3, device=torch_xla.device())
+        dist.all_reduce(t)
+        objs = [None]
+        dist.all_gather_object(objs, 'me')
+        dist.barrier()
+        print('OK', dist.get_rank(), dist.get_world_size(), t.cpu().tolist(), objs)
+        dist.destroy_process_group()
+    """)
+    env = {k: v for k, v in os.environ.items() if k not in ("CPU_NUM_DEVICES", "WORLD_SIZE", "RANK")}
+    env["PJRT_DEVICE"] = "CPU"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                         cwd=REPO)
+    assert "OK 0 1 [1.0, 1.0, 1.0] ['me']" in out.stdout, out.stderr[-3000:]
+
+
+def test_importing_torch_xla_does_not_start_jax():
+    code = ("import torch_xla, torch_xla.core.xla_model, torch_xla.distributed.xla_multiprocessing, "
+            "torch_xla.distributed.xla_backend\n"
+            "from torch_xla._engine import runtime\n"
+            "import jax._src.xla_bridge as xb\n"
+            "print('STATE', runtime._state['jax'] is None, len(xb._backends))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO,
+                         env=dict(os.environ, PJRT_DEVICE="CPU"))
+    assert "STATE True 0" in out.stdout, out.stderr[-3000:]
+
+
+# ---- reliability: a late replica --------------------------------------------------------
+
+@pytest.mark.slow
+def test_slow_replica_45s_before_first_collective():
+    res = _spawn(workers.slow_job, args=(45.0,))
+    assert res == {0: 3.0, 1: 3.0}
+
+
+# ---- torchrun ---------------------------------------------------------------------------
+
+def _torchrun_env():
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("TORCH_XLA_JAX_") and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                                                "MASTER_ADDR", "MASTER_PORT", "CPU_NUM_DEVICES")}
+    env["PJRT_DEVICE"] = "CPU"
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+@pytest.mark.slow
+def test_torchrun_single_host():
+    port = launcher.free_port()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--master-addr", "127.0.0.1", "--master-port", str(port),
+           os.path.join(SCRIPTS, "torchrun_allreduce.py")]
+    out = subprocess.run(cmd, env=_torchrun_env(), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    for r in range(2):
+        assert f"RESULT rank={r} world=2 sum=3.0 spawn_index={r}" in out.stdout
+
+
+@pytest.mark.slow
+def test_torchrun_two_hosts_simulated():
+    port = launcher.free_port()
+    procs = []
+    for node in range(2):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
+               "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", f"127.0.0.1:{port}",
+               os.path.join(SCRIPTS, "torchrun_allreduce.py")]
+        procs.append(subprocess.Popen(cmd, env=_torchrun_env(), stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    outs = []
+    for p in procs:
+        try:
+            o, e = p.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        outs.append((p.returncode, o, e))
+    for code, o, e in outs:
+        assert code == 0, o[-3000:] + e[-3000:]
+    text = outs[0][1] + outs[1][1]
+    for r in range(4):
+        assert f"RESULT rank={r} world=4 sum=10.0 spawn_index={r % 2}" in text
+
+
+# ---- the MNIST example ------------------------------------------------------------------
+
+def _losses(text):
+    import re
+    out = {}
+    for dev, step, loss in re.findall(r"Device=(\S+) Epoch=1 Step=(\d+) Loss=([0-9.]+)", text):
+        out.setdefault(int(step), []).append(float(loss))
+    return {k: sum(v) / len(v) for k, v in out.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flag", ["--ddp", "--pjrt_distributed"])
+def test_mnist_example_two_processes_matches_one(flag):
+    """2 replicas x 64 (lr scaled x2 by the example) vs 1 process x 128 with lr 0.02: the
+    mean replica loss follows the single-process curve (BatchNorm statistics are per
+    replica, hence the tolerance)."""
+    script = os.path.join(REPO, "examples", "train_mnist_xla.py")
+    common = ["--fake_data", "--num_steps", "30", "--log_steps", "5"]
+    env = dict(os.environ, PJRT_DEVICE="CPU", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    two = subprocess.run([sys.executable, script, flag, "--batch_size", "64"] + common,
+                         env=dict(env, CPU_NUM_DEVICES="2"), capture_output=True, text=True, timeout=400)
+    assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
+    one = subprocess.run([sys.executable, script, "--batch_size", "128", "--lr", "0.02"] + common,
+                         env=dict(env, CPU_NUM_DEVICES="1"), capture_output=True, text=True, timeout=400)
+    assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-3000:]
+    l2, l1 = _losses(two.stdout), _losses(one.stdout)
+    assert sorted(l1) == sorted(l2) == [0, 5, 10, 15, 20, 25]
+    for step in l1:
+        assert l2[step] == pytest.approx(l1[step], rel=0.02), (step, l1, l2)
+    assert l2[25] < 0.5 * l2[0]
