@@ -46,3 +46,20 @@ def test_torch_tensor_with_device_is_a_normal_xla_tensor():
     x = torch.tensor([1.0, 2.0], device="xla:0", requires_grad=True)
     (x * x).sum().backward()
     assert x.grad.tolist() == [2.0, 4.0]
+
+
+def test_inplace_elementwise_checks_match_cpu():
+    cases = [
+        (lambda a, b: a.add_(b), torch.zeros(3), torch.ones(2, 3)),      # broadcast beyond self
+        (lambda a, b: a.add_(b), torch.zeros(3, dtype=torch.long), torch.ones(3)),  # float into long
+        (lambda a, b: a.addcmul_(b, b, value=0.5), torch.zeros(3), torch.ones(4)),
+    ]
+    for f, a, b in cases:
+        with pytest.raises(RuntimeError):
+            f(a.clone(), b)
+        with pytest.raises(RuntimeError):
+            f(a.clone().to("xla:0"), b.to("xla:0"))
+    x = torch.rand(3) + 1
+    xd = x.to("xla:0")
+    xd.pow_(2.0).add_(1.5).mul_(torch.full((3,), 0.5).to("xla:0"))
+    assert_same(xd, (x.pow(2.0) + 1.5) * 0.5)

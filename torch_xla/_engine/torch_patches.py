@@ -129,4 +129,9 @@ def install_inplace_meta() -> None:
         ov = ov or "default"
         if not hasattr(ip, ov) or not hasattr(fpk, ov):
             continue
-        _meta_lib.impl(name, _make_inplace_meta(name, getattr(fpk, ov)), "Meta")
+        functional = getattr(fpk, ov)
+        # Only where the functional overload takes exactly the in-place one's arguments.
+        if ([str(a.type) for a in getattr(ip, ov)._schema.arguments]
+                != [str(a.type) for a in functional._schema.arguments]):
+            continue
+        _meta_lib.impl(name, _make_inplace_meta(name, functional), "Meta")
