@@ -20,7 +20,8 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dty
 
 from . import ir, metrics, process_group, runtime, rng
 from .lowering import LOWERINGS, Lowering, load_all
-from .tensor import (XlaState, make_tensor, pending, state_of, unwrap, wrap_user, _is_functional)
+from .tensor import (XlaState, make_tensor, replace_state, state_of, unwrap, wrap_user,
+                     _is_functional)
 
 T, OT, LT, LOT, S, OS, X = range(7)
 _KIND_OF_TYPE = {
@@ -105,7 +106,6 @@ class OpKernel:
         self.nargs = len(self.arg_names)
         self.cache: Dict[Any, ShapeEntry] = {}
         self.counter_name = "aten::" + op._schema.name.split("::")[-1]
-        self.has_scalars = any(k in (S, OS) for k in self.kinds)
         # Factories (no tensor inputs) are called outside functionalization: wrap results.
         self.is_factory = not any(k in (T, OT, LT, LOT) for k in self.kinds)
 
@@ -376,10 +376,7 @@ def set_data(t: torch.Tensor, cpu: torch.Tensor) -> None:
     """Replaces the value of inner XLA tensor `t` with CPU data (fallback write-back)."""
     if tuple(t.shape) != tuple(cpu.shape):
         k_resize_(t, cpu.shape)
-    new = from_cpu(cpu.to(t.dtype))
-    s = t._xla
-    ns = new._xla
-    s.node, s.idx = ns.node, 0
+    replace_state(t, from_cpu(cpu.to(t.dtype))._xla)
 
 
 _CPU_OPERANDS_OK = frozenset({"index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index",
@@ -514,10 +511,7 @@ def k_copy_from(src, dst, non_blocking=False):
         dst.copy_(to_cpu(src))
         return dst
     if src.device.type != "xla" and dst.device.type == "xla":
-        new = from_cpu(src.to(dst.dtype).expand(dst.shape).contiguous())
-        inner = unwrap(dst)
-        s = inner._xla
-        s.node, s.idx = new._xla.node, 0
+        replace_state(dst, from_cpu(src.to(dst.dtype).expand(dst.shape).contiguous())._xla)
         return dst
     raise RuntimeError("_copy_from: unsupported device pair")
 
@@ -526,11 +520,7 @@ def k_copy_(dst, src, non_blocking=False):
     """In-place copy on a non-functional inner tensor."""
     if src.device.type != "xla":
         return k_copy_from(src, dst, non_blocking)
-    res = _COPY(dst, src)
-    s = dst._xla
-    s.node, s.idx = res._xla.node, res._xla.idx
-    if type(s.node) is not ir.DeviceData:
-        pending.add(s)
+    replace_state(dst, _COPY(dst, src)._xla)
     return dst
 
 
@@ -585,15 +575,6 @@ def _overload(name: str):
     return getattr(pk, ov, None)
 
 
-def _set_value(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """Makes inner tensor `dst` hold the value of `src` (same shape)."""
-    d = dst._xla if hasattr(dst, "_xla") else state_of(dst)
-    r = src._xla
-    d.node, d.idx = r.node, r.idx
-    if type(d.node) is not ir.DeviceData:
-        pending.add(d)
-
-
 class _InplaceKernel:
     """`foo_(self, ...)` on an inner tensor: the functional `foo`, then self takes the value.
 
@@ -610,11 +591,11 @@ class _InplaceKernel:
         target = args[0]
         if isinstance(out, (list, tuple)):  # _foreach_*_: self is a list
             for t, o in zip(target, out):
-                _set_value(t, o)
+                replace_state(t, o._xla)
             return None
         if target.dtype != out.dtype:
             out = _TO_COPY(out, dtype=target.dtype)
-        _set_value(target, out)
+        replace_state(target, out._xla)
         return target
 
 
@@ -634,7 +615,7 @@ class _OutKernel:
                 r = _TO_COPY(r, dtype=o.dtype)
             if tuple(o.shape) != r._xla.shape:
                 o.resize_(r.shape)
-            _set_value(o, r)
+            replace_state(o, r._xla)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
 

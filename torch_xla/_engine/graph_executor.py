@@ -31,11 +31,10 @@ _listeners = {"after_sync": []}
 
 
 class Executable:
-    __slots__ = ("compiled", "n_out", "hlo_fn", "donated")
+    __slots__ = ("compiled", "donated")
 
-    def __init__(self, compiled, n_out, donated):
+    def __init__(self, compiled, donated):
         self.compiled = compiled
-        self.n_out = n_out
         self.donated = donated
 
 
@@ -235,7 +234,7 @@ def _compile(graph: Graph, args, donate):
         lowered = jax.jit(fn, donate_argnums=donate, keep_unused=True).lower(*args)
         compiled = lowered.compile()
     metrics.inc("UncachedCompile")
-    return Executable(compiled, len(graph.roots), donate)
+    return Executable(compiled, donate)
 
 
 def _replicated(fn, graph):

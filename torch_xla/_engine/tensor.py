@@ -118,13 +118,9 @@ def state_of(t: torch.Tensor) -> XlaState:
 
 
 def replace_state(t: torch.Tensor, src: XlaState) -> None:
-    """Points the inner tensor of `t` at another state's value (used by in-place engine ops)."""
+    """Points the inner tensor of `t` at another state's value (in-place engine writes)."""
     inner = unwrap(t)
     s = inner._xla
     s.node, s.idx = src.node, src.idx
     if type(s.node) is not ir.DeviceData:
         pending.add(s)
-
-
-def is_xla(t) -> bool:
-    return isinstance(t, torch.Tensor) and t.device.type == "xla"
