@@ -1,5 +1,4 @@
 """Matrix products and linear algebra against eager PyTorch on the CPU."""
-import contextlib
 
 import pytest
 import torch
@@ -7,7 +6,7 @@ import torch
 import torch_xla
 import torch_xla.debug.metrics as met
 
-from helpers import XLA, assert_same
+from helpers import XLA, assert_same, check_flat, no_fallback
 
 # Ops of other families that autograd formulas of linalg ops reach (qr's backward zeroes
 # a buffer in place): their fallback is not a failure of these lowerings.
@@ -15,48 +14,8 @@ OTHERS = {"aten::zero_", "aten::_local_scalar_dense", "aten::scatter", "aten::in
           "aten::_index_put_impl_", "aten::masked_select", "aten::nonzero"}
 
 
-@contextlib.contextmanager
-def no_fallback(allow=()):
-    met.clear_all()
-    yield
-    bad = [c for c in met.counter_names()
-           if c.startswith("aten::") and c != "aten::_local_scalar_dense" and c not in allow]
-    assert not bad, f"CPU fallback: {bad}"
-
-
-def flat(out):
-    if isinstance(out, torch.Tensor):
-        return [out]
-    return [t for o in out for t in flat(o)]
-
-
 def check(fn, *args, grad=False, allow=None, rtol=1e-5, atol=1e-5):
-    """Runs fn on CPU tensors and on xla copies; compares the flattened outputs and, with
-    grad=True, the gradients of the float inputs; asserts no CPU fallback. The device
-    results are computed in one graph (one sync)."""
-    with no_fallback(OTHERS if (grad and allow is None) else (allow or ())):
-        cargs = [a.detach().clone().requires_grad_(grad and a.is_floating_point()) for a in args]
-        xargs = [a.detach().to(XLA).requires_grad_(grad and a.is_floating_point()) for a in args]
-        cout = flat(fn(*cargs))
-        xout = flat(fn(*xargs))
-        xg = cg = []
-        if grad:
-            cdiff = [i for i, o in enumerate(cout) if o.requires_grad]
-            gs = [(torch.arange(cout[i].numel()).reshape(cout[i].shape) % 7 * 0.25 + 0.5).to(cout[i].dtype)
-                  for i in cdiff]
-            cin = [a for a in cargs if a.requires_grad]
-            xin = [a for a in xargs if a.requires_grad]
-            cg = torch.autograd.grad([cout[i] for i in cdiff], cin, gs, allow_unused=True)
-            xg = torch.autograd.grad([xout[i] for i in cdiff], xin, [g.to(XLA) for g in gs], allow_unused=True)
-        torch_xla.sync()
-        xout = [t.cpu().detach() for t in xout]
-        xg = [None if t is None else t.cpu() for t in xg]
-        assert_same(xout, [c.detach() for c in cout], rtol=rtol, atol=atol, equal_nan=True)
-        for a, b in zip(xg, cg):
-            assert (a is None) == (b is None)
-            if b is not None:
-                assert_same(a, b, rtol=rtol * 10, atol=atol * 10, equal_nan=True)
-        return xout, cout
+    return check_flat(fn, *args, grad=grad, allow=allow, others=OTHERS, rtol=rtol, atol=atol)
 
 
 def rnd(*shape, dtype=torch.float32, seed=0):
