@@ -20,3 +20,34 @@ def test_block_diag_complex_polar_mvlgamma_sign():
     check_op(torch.sign, torch.tensor([True, False]))
     check_op(torch.sgn, torch.tensor([1 + 1j, 0j, -2 + 0.5j]))
     assert _no_fallback() == []
+
+
+def test_ops_served_by_torch_decompositions():
+    """Ops without a lowering of their own run their torch._decomp decomposition on the
+    device (counted as decomposed::<op>), never the CPU."""
+    from helpers import check_flat
+    import torch.nn.functional as F
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4, 4)
+    y, idx = F.max_pool2d(x, 2, return_indices=True)
+    check_flat(lambda v, i: F.max_unpool2d(v, i, 2), y, idx, grad=True)
+    assert met.counter_value("decomposed::max_unpool2d") > 0
+    check_flat(lambda a, b: torch.ops.aten._chunk_cat([a, b], 1, 2), torch.randn(3, 4), torch.randn(3, 6))
+    check_flat(lambda a, g: F.grid_sample(a, g, align_corners=False), x, torch.rand(2, 3, 3, 2) * 2 - 1,
+               allow=("aten::grid_sampler_2d_backward",), rtol=1e-5, atol=1e-5)
+    check_flat(lambda a: F.channel_shuffle(a, 3), torch.randn(2, 6, 2), grad=True)
+    check_flat(lambda a: (torch.logspace(0, 2, 5), torch.rot90(a, 1, (0, 1)), F.celu(a, 0.5),
+                          torch.dist(a, a.flip(0), 3)), torch.randn(3, 3), grad=True, rtol=1e-5)
+    check_flat(lambda a, w: F.bilinear(a, a[:, :2], w), torch.randn(4, 3), torch.randn(5, 3, 2),
+               grad=True, rtol=1e-5)
+
+
+def test_native_batch_norm_saved_statistics_like_cpu():
+    """Eval mode returns empty saved statistics; their dtype is the running stats' dtype."""
+    from helpers import check_flat
+    aten = torch.ops.aten
+    x = torch.randn(3, 2, 4)
+    for training in (True, False):
+        for dt in (torch.float32, torch.bfloat16):
+            check_flat(lambda a, m, v: aten.native_batch_norm(a, None, None, m, v, training, 0.1, 1e-5)[1:],
+                       x.to(dt), torch.zeros(2, dtype=dt), torch.ones(2, dtype=dt), rtol=2e-2, atol=2e-2)

@@ -151,6 +151,14 @@ def is_random(op) -> bool:
             or base in ("normal", "bernoulli", "multinomial", "uniform"))
 
 
+def sample_is_random(op, sample) -> bool:
+    """Samples of otherwise deterministic ops that draw random numbers (dropout inside)."""
+    if op.name == "nn.functional.multi_head_attention_forward":
+        p = sample.args[9] if len(sample.args) > 9 else sample.kwargs.get("dropout_p", 0.0)
+        return bool(sample.kwargs.get("training", True)) and p > 0
+    return False
+
+
 def is_accum(op) -> bool:
     name = op.name.lower()
     return any(s in name for s in ACCUM_SUBSTR)
@@ -429,7 +437,9 @@ def _sync_quiet():
 
 
 def _fallbacks():
-    return sorted(c for c in met.counter_names() if c.startswith("aten::") and c not in ALLOWED_FALLBACKS)
+    """CPU fallbacks (`aten::` counters) and ops served by a torch decomposition (`decomposed::`)."""
+    return sorted(c for c in met.counter_names()
+                  if (c.startswith("aten::") and c not in ALLOWED_FALLBACKS) or c.startswith("decomposed::"))
 
 
 def _classify(results):
@@ -441,12 +451,15 @@ def _classify(results):
     if not oks:
         reasons = [r[1] for r in results if r[0] == "skip"]
         return {"cls": "skip", "reason": reasons[0] if reasons else "no samples"}
-    fb = sorted(set(itertools.chain.from_iterable(r[1] for r in oks)))
-    if any(r[0] == "random" for r in oks):
-        return {"cls": "random", "reason": "random/uninitialised, not compared", "fallbacks": fb}
+    seen = sorted(set(itertools.chain.from_iterable(r[1] for r in oks)))
+    fb = [c for c in seen if c.startswith("aten::")]
+    dec = {"decomposed": [c.split("::", 1)[1] for c in seen if c.startswith("decomposed::")]} \
+        if any(c.startswith("decomposed::") for c in seen) else {}
+    if all(r[0] == "random" for r in oks):
+        return {"cls": "random", "reason": "random/uninitialised, not compared", "fallbacks": fb, **dec}
     if fb:
-        return {"cls": "fallback", "fallbacks": fb}
-    return {"cls": "native"}
+        return {"cls": "fallback", "fallbacks": fb, **dec}
+    return {"cls": "native", **dec}
 
 
 def _run_sample(op, sample, dname, grad, rnd):
@@ -619,7 +632,8 @@ def run_op(op, n_samples=2, dtypes=tuple(DTYPES), backward=True, errors=True):
             continue
         for sample in samples:
             try:
-                f, b = _run_sample(op, sample, dname, grad, rnd)
+                srnd = rnd or sample_is_random(op, sample)
+                f, b = _run_sample(op, sample, dname, grad and not srnd, srnd)
             except Exception as e:  # harness bug or anything unexpected
                 _sync_quiet()
                 f, b = ("fail", "harness: " + one_line(e)), None
@@ -874,6 +888,8 @@ def _cell(e):
         return "—"
     if c in ("fallback", "random") and e.get("fallbacks"):
         return c + " (" + ", ".join(x.replace("aten::", "") for x in e["fallbacks"]) + ")"
+    if c == "native" and e.get("decomposed"):
+        return "native (decomposed: " + ", ".join(e["decomposed"]) + ")"
     return c
 
 
@@ -917,7 +933,9 @@ def render_md(results, command, totals_str, seconds):
              "the same exception type as the CPU, inside the op call (an error deferred to the barrier "
              "counts as a failure).\n")
     L.append("Classes: **native** equal to the CPU and no CPU fallback (the by-design fallbacks "
-             "`aten::_local_scalar_dense` and `aten::nonzero` are allowed); **fallback** equal to the "
+             "`aten::_local_scalar_dense` and `aten::nonzero` are allowed); **native (decomposed: op)** "
+             "native, with `op` served on the device by its `torch._decomp` decomposition "
+             "(torch_xla/_engine/decompositions.py); **fallback** equal to the "
              "CPU but some `aten::` fallback counter was incremented (listed); **fail** mismatch or "
              "exception; **skip** not applicable (the CPU raised on every sample, no grad, ...); "
              "**random** random or uninitialised results (`empty*`, `rand*`, `normal`, `bernoulli`, "

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
-from . import ir, metrics, process_group, runtime, rng
+from . import decompositions, ir, metrics, process_group, runtime, rng
 from .lowering import LOWERINGS, Lowering, load_all
 from .tensor import (XlaState, make_tensor, replace_state, state_of, unwrap, wrap_user,
                      _is_functional)
@@ -697,6 +697,8 @@ def register() -> None:
             continue
         _lib.impl(short, k, "PrivateUse1")
     _register_mutating_variants(special)
+    for short, k in decompositions.kernels(LOWERINGS).items():
+        _lib.impl(short, k, "PrivateUse1")
     _TO_COPY = KERNELS["_to_copy.default"]
     _COPY = KERNELS["copy.default"]
     for name, fn in special.items():

@@ -454,8 +454,6 @@ def _bn_forward(x, w, b, rm, rv, training, momentum, eps):
 
 def _saved(v, i):
     """A saved-statistics output: empty when PyTorch returns an empty tensor."""
-    if not _has_out(i):
-        return None
     shp = out_shape(i)
     if v is None or tuple(shp) != tuple(v.shape):
         return jnp.zeros(shp, out_dtype(i))
@@ -478,16 +476,24 @@ _bn_lib = None
 def _k_native_batch_norm(x, w, b, rm, rv, training, momentum, eps):
     from .. import dispatch
     aten = torch.ops.aten
-    if training and (rm is not None or rv is not None):
+    # The saved statistics have the running statistics' dtype (the input's without them)
+    # and are empty in evaluation mode, as on the CPU.
+    stat_dtype = rm.dtype if rm is not None else x.dtype
+    if not training:
+        y = aten._native_batch_norm_legit_no_training(x, w, b, rm, rv, momentum, eps)[0]
+        empty = torch.empty((0,), dtype=stat_dtype, device=x.device)
+        return y, empty, empty.clone()
+    if rm is not None or rv is not None:
         if rm is None or rv is None:
             raise RuntimeError("native_batch_norm: running_mean and running_var must be both given or both None")
         y, mean, invstd, nrm, nrv = aten._native_batch_norm_legit_functional(x, w, b, rm, rv, True, momentum, eps)
         dispatch.k_copy_(rm, nrm)
         dispatch.k_copy_(rv, nrv)
-        return y, mean, invstd
-    if training:
-        return aten._native_batch_norm_legit.no_stats(x, w, b, True, momentum, eps)
-    return aten._native_batch_norm_legit_no_training(x, w, b, rm, rv, momentum, eps)
+    else:
+        y, mean, invstd = aten._native_batch_norm_legit.no_stats(x, w, b, True, momentum, eps)
+    if mean.dtype != stat_dtype:
+        mean, invstd = mean.to(stat_dtype), invstd.to(stat_dtype)
+    return y, mean, invstd
 
 
 def _k_native_batch_norm_legit(x, w, b, rm, rv, training, momentum, eps):
@@ -507,7 +513,15 @@ def _register_batch_norm_kernel():
 _register_batch_norm_kernel()
 
 
-@lowering("aten::_native_batch_norm_legit_functional")
+def _meta_bn_functional(x, w, b, rm, rv, training, momentum, eps):
+    # As the CPU kernel: saved statistics in the running statistics' dtype, empty when
+    # not training (PyTorch's meta kernel says (C,) in the opmath dtype).
+    c = x.shape[1] if x.dim() > 1 else 0
+    st = torch.empty((c if training else 0,), dtype=rm.dtype if rm is not None else x.dtype, device="meta")
+    return torch.empty_like(x), st, st.clone(), torch.empty_like(rm), torch.empty_like(rv)
+
+
+@lowering("aten::_native_batch_norm_legit_functional", meta=_meta_bn_functional)
 def native_batch_norm_legit_functional(x, w, b, rm, rv, training, momentum, eps):
     y, mean, invstd, nrm, nrv = _bn_forward(x, w, b, rm, rv, training, momentum, eps)
     return y, _saved(mean, 1), _saved(invstd, 2), nrm, nrv
@@ -1116,3 +1130,15 @@ def pixel_unshuffle(x, r):
     n = len(lead)
     y = jnp.transpose(y, tuple(range(n)) + (n, n + 2, n + 4, n + 1, n + 3))
     return y.reshape(lead + (C * r * r, H // r, W // r))
+
+
+@lowering("aten::_trilinear", promote=True)
+def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    """sum over `sumdim` of the three inputs, each unsqueezed at its `expand` dims
+    (the kernel of nn.functional.bilinear)."""
+    def unsq(x, dims):
+        for d in sorted(dims):
+            x = jnp.expand_dims(x, d)
+        return x
+    p = unsq(i1, expand1) * unsq(i2, expand2) * unsq(i3, expand3)
+    return jnp.sum(p, axis=tuple(sumdim)) if sumdim else p
