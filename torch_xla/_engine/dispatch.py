@@ -10,6 +10,7 @@ count as `aten::<op>`. Factories and transfers have their own kernels below.
 """
 from __future__ import annotations
 
+import keyword
 import os
 import threading
 from typing import Any, Dict, Optional
@@ -44,9 +45,10 @@ EAGER_DEFAULT = [False]
 
 class ShapeEntry:
     """What the meta kernel told us about one (op, avals, statics) combination."""
-    __slots__ = ("avals", "structure", "common", "fallback")
+    __slots__ = ("avals", "structure", "common", "fallback", "base")
 
     def __init__(self, avals, structure, common, fallback=False):
+        self.base = None  # ir.node_base of the nodes built from this entry (set by the kernel)
         self.avals = avals
         self.structure = structure  # "one" | "tuple" | "list"
         self.common = common
@@ -109,7 +111,12 @@ class OpKernel:
         # Factories (no tensor inputs) are called outside functionalization: wrap results.
         self.is_factory = not any(k in (T, OT, LT, LOT) for k in self.kinds)
 
-    # -- the hot path -------------------------------------------------------------
+    def entry_point(self):
+        """The callable to register: a specialised fast path when one can be generated."""
+        fast = _specialise(self)
+        return fast if fast is not None else self
+
+    # -- the hot path (generic) ----------------------------------------------------
     def __call__(self, *args, **kwargs):
         if self.low.alias:
             x = args[0]
@@ -216,6 +223,7 @@ class OpKernel:
         entry = self.cache.get(key)
         if entry is None:
             entry = self._infer(args)
+            entry.base = ir.node_base(self.name, entry.avals, entry.common if self.low.promote else None)
             self.cache[key] = entry
         if entry.fallback:
             return cpu_fallback(self.op, args, {})
@@ -231,7 +239,7 @@ class OpKernel:
             operands.append((rng.seed_node(), 0))
             argv.append(counter)
         node = ir.Node(self.name, tuple(operands), tuple(argv), entry.avals, low,
-                       entry.common if low.promote else None)
+                       entry.common if low.promote else None, entry.base)
         if entry.structure == "one" and not EAGER[0]:
             shape, dtype = entry.avals[0]
             out = make_tensor(node, 0, shape, dtype)
@@ -332,6 +340,95 @@ class OpKernel:
             # and round once at the end.
             common = torch.float32
         return ShapeEntry(tuple(avals), structure, common)
+
+
+def _specialise(k: OpKernel):
+    """Generates a straight-line kernel for the common case of one overload: every tensor
+    argument an inner XLA tensor (the last one may be a wrapped number), every Scalar a Python int/float, a cached shape entry
+    with one output. It builds the same cache key and node as the generic
+    `OpKernel.__call__`, which it calls for anything else (first call of a shape, other
+    CPU scalars, fallbacks, eager mode), without the per-argument kind dispatch."""
+    low = k.low
+    if low.alias or low.random or k.is_factory or any(x in (LT, LOT) for x in k.kinds):
+        return None
+    tensor_kinds = [x for x in k.kinds if x in (T, OT)]
+    if OT in tensor_kinds and T in tensor_kinds[tensor_kinds.index(OT):]:
+        return None  # operands must keep the generic kernel's (argument) order
+    ns = {"generic": k.__call__, "outputs": k._outputs, "cache": k.cache, "Node": ir.Node, "ScalarParam": ir.ScalarParam,
+          "make_tensor": make_tensor, "Tensor": torch.Tensor, "REFS": _REFS, "EAGER": EAGER, "freeze": _freeze,
+          "NOSPECIAL": _NO_SPECIAL_SCALARS, "NAME": k.name, "LOW": low, "PROMOTE": low.promote}
+    params, call, tensors, lines, key, argv, scalars = [], [], [], [], ["NAME"], [], []
+    kw_only = False
+    tpos = [i for i, x in enumerate(k.kinds) if x in (T, OT)]
+    last_t = tpos[-1] if tpos and k.kinds[tpos[-1]] == T else -1
+    names = [a.name for a in k.op._schema.arguments]
+    for i, (a, kind) in enumerate(zip(k.op._schema.arguments, k.kinds)):
+        v = a.name
+        if keyword.iskeyword(v) or v.startswith("_"):
+            return None
+        if a.kwarg_only and not kw_only:
+            params.append("*")
+            kw_only = True
+        if a.has_default_value():
+            ns[f"_d{i}"] = a.default_value
+            params.append(f"{v}=_d{i}")
+        else:
+            params.append(v)
+        call.append(f"{v}={v}" if a.kwarg_only else v)
+        if kind == T and i == last_t:
+            # The last tensor argument may be a wrapped number (`x * 0.5`): a CPU 0-d
+            # tensor that becomes a scalar parameter operand, as in the generic kernel.
+            lines += [f"_s{i} = getattr({v}, '_xla', None)", f"if _s{i} is not None:",
+                      f"    _k{i} = _s{i}.shape; _y{i} = _s{i}.dtype; _o{i} = (_s{i}.node, _s{i}.idx)",
+                      f"elif type({v}) is Tensor and {v}.device.type == 'cpu' and {v}.dim() == 0:",
+                      f"    _k{i} = (); _y{i} = {v}.dtype; _o{i} = (ScalarParam({v}.item(), _y{i}), 0)",
+                      "else:", "    return generic(CALL)",
+                      f"_w{i} = REFS[len(_ops)]; _ops.append(_o{i})"]
+            key += [f"_k{i}", f"_y{i}"]
+            argv.append(f"_w{i}")
+        elif kind == T:
+            tensors.append(i)
+            key += [f"_s{i}.shape", f"_s{i}.dtype"]
+            argv.append(f"REFS[{len(tensors) - 1}]")
+        elif kind == OT:
+            lines += [f"if {v} is None:", f"    _k{i} = (None,); _r{i} = None", "else:",
+                      f"    _s{i} = getattr({v}, '_xla', None)", f"    if _s{i} is None:", "        return generic(CALL)",
+                      f"    _k{i} = (_s{i}.shape, _s{i}.dtype)",
+                      f"    _r{i} = REFS[len(_ops)]; _ops.append((_s{i}.node, _s{i}.idx))"]
+            key.append(f"*_k{i}")
+            argv.append(f"_r{i}")
+        elif kind == X:
+            lines.append(f"_x{i} = freeze({v}) if type({v}) is list else {v}")
+            key.append(f"_x{i}")
+            argv.append(f"_x{i}")
+        else:  # S / OS: 0 and 1 are constants (unless NOSPECIAL), other numbers parameters
+            scalars.append((i, v))
+            lines += [f"_t{i} = type({v})", f"if {v} is None:", f"    _k{i} = None; _p{i} = False",
+                      f"elif _t{i} is not int and _t{i} is not float:", "    return generic(CALL)",
+                      f"elif not NOSPECIAL and ({v} == 0 or {v} == 1):", f"    _k{i} = (_t{i}, {v}); _p{i} = False",
+                      "else:", f"    _k{i} = _t{i}; _p{i} = True"]
+            key.append(f"_k{i}")
+            argv.append(f"(None if _p{i} else {v})")
+    body = []
+    if tensors:
+        body = (["try:"] + [f"    _s{i} = {names[i]}._xla" for i in tensors]
+                + ["except AttributeError:", "    return generic(CALL)"])
+    body.append(f"_ops = [{', '.join(f'(_s{i}.node, _s{i}.idx)' for i in tensors)}]")
+    body += lines
+    body.append(f"_entry = cache.get(({', '.join(key)},))")
+    body += ["if _entry is None or _entry.fallback or EAGER[0]:", "    return generic(CALL)"]
+    body.append(f"_argv = [{', '.join(argv)}]")
+    for i, v in scalars:
+        body += [f"if _p{i}:", f"    _argv[{i}] = REFS[len(_ops)]; _ops.append((ScalarParam({v}, _entry.common), 0))"]
+    body += ["_node = Node(NAME, tuple(_ops), tuple(_argv), _entry.avals, LOW, _entry.common if PROMOTE else None, _entry.base)",
+             "if _entry.structure != 'one':", "    return outputs(_node, _entry)",
+             "_shape, _dtype = _entry.avals[0]", "return make_tensor(_node, 0, _shape, _dtype)"]
+    src = f"def fast({', '.join(params)}):\n" + "\n".join("    " + l.replace("CALL", ", ".join(call))
+                                                          for l in body) + "\n"
+    exec(compile(src, f"<kernel {k.name}>", "exec"), ns)
+    fast = ns["fast"]
+    fast.source = src
+    return fast
 
 
 def _to_meta(t: torch.Tensor):
@@ -695,7 +792,7 @@ def register() -> None:
             # PyTorch decomposes these above autograd; a backend kernel would hide their
             # derivative. Their lowering still serves dynamo/export graphs.
             continue
-        _lib.impl(short, k, "PrivateUse1")
+        _lib.impl(short, k.entry_point(), "PrivateUse1")
     _register_mutating_variants(special)
     for short, k in decompositions.kernels(LOWERINGS).items():
         _lib.impl(short, k, "PrivateUse1")

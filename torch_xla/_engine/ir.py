@@ -48,18 +48,25 @@ def ref(i: int) -> Ref:
     return REFS[i] if i < 512 else Ref(i)
 
 
+def node_base(op: str, avals: tuple, info=None) -> int:
+    """The part of a node's hash that depends on neither its operands nor its args."""
+    return hash((op, avals, info))
+
+
 class Node:
     """An IR node. `args` is the op's full argument tuple with `Ref`s where operands go."""
     __slots__ = ("op", "operands", "args", "avals", "hash", "lowering", "info", "__weakref__")
 
-    def __init__(self, op: str, operands: tuple, args: tuple, avals: tuple, lowering, info=None):
+    def __init__(self, op: str, operands: tuple, args: tuple, avals: tuple, lowering, info=None,
+                 base: Optional[int] = None):
         self.op = op
         self.operands = operands  # tuple of (Node, int)
         self.args = args
         self.avals = avals  # tuple of Aval, one per output
         self.lowering = lowering
         self.info = info  # per-node extra data (e.g. the compute dtype), part of the hash
-        h = hash((op, args, avals, info))
+        # `base` is node_base(op, avals, info), which kernels cache per shape entry.
+        h = hash((hash((op, avals, info)) if base is None else base, args))
         for n, i in operands:
             h = hash((h, n.hash, i))
         self.hash = h
