@@ -257,3 +257,65 @@ def test_no_recompile_with_new_index_values():
     for k, o in enumerate(outs):
         idx = T([k, 5 - k, 2])
         assert_same(o, (a * 2).index_add(0, idx, a[idx]))
+
+
+def test_searchsorted_bucketize():
+    g = torch.Generator().manual_seed(0)
+    seq = torch.sort(torch.randn(2, 3, 7, generator=g)).values
+    seq[0, 0, 3] = seq[0, 0, 2]  # a tie
+    v = torch.randn(2, 3, 5, generator=g)
+    v[0, 0, 0] = seq[0, 0, 2]
+    v[1, 1, 1] = float("nan")  # NaN lands where the CPU's binary search puts it
+    unsorted = torch.randn(2, 3, 7, generator=g)
+    for right in (False, True):
+        check_op(lambda s, x: torch.searchsorted(s, x, right=right), seq, v)
+        check_op(lambda s, x: torch.searchsorted(s, x, right=right, out_int32=True), seq[0, 0], v)
+        check_op(lambda s: torch.searchsorted(s, 0.25, right=right), seq[0, 0])
+        check_op(lambda s, x, o: torch.searchsorted(s, x, side="right" if right else "left", sorter=o),
+                 unsorted, v, unsorted.argsort(-1))
+        check_op(lambda x, b: torch.bucketize(x, b, right=right), v, seq[0, 0])
+    with pytest.raises(RuntimeError, match="boundaries tensor must be 1 dimension"):
+        torch.bucketize(v.to(XLA), seq.to(XLA))
+
+
+def test_index_reduce():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 5, generator=g)
+    src = torch.randn(4, 6, generator=g)
+    idx = torch.tensor([0, 2, 2, 4, 0, 0])
+    for reduce in ("prod", "mean", "amax", "amin"):
+        for include_self in (True, False):
+            check_op(lambda a, s: a.index_reduce(1, idx.to(a.device), s, reduce, include_self=include_self),
+                     x, src, grad=reduce != "prod", rtol=1e-5)
+    xi = torch.randint(-9, 9, (5, 3), generator=g)
+    check_op(lambda a, s: a.index_reduce(0, torch.tensor([1, 1, 3], device=a.device), s, "mean"), xi,
+             torch.randint(-9, 9, (3, 3), generator=g))
+
+
+def test_nonzero_static_histc():
+    x = torch.tensor([[0., 1.5, 0.], [2., 0., -1.]])
+    for size in (0, 2, 3, 6):
+        check_op(lambda a: torch.nonzero_static(a, size=size, fill_value=-7), x)
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(50, generator=g) * 3
+    check_op(lambda a: torch.histc(a, bins=7, min=-2, max=3), v)
+    check_op(lambda a: torch.histc(a, bins=5), v)  # min == max: the data's range
+    check_op(lambda a: torch.histc(a, bins=4), torch.full((3,), 2.))  # empty range: [1, 3]
+    check_op(lambda a: torch.histc(a, bins=6, min=-1, max=2), v.bfloat16())
+
+
+def test_embedding_bag():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(10, 3, generator=g)
+    idx = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0])
+    off = torch.tensor([0, 3, 3, 7])
+    psw = torch.rand(9, generator=g)
+    F = torch.nn.functional
+    for mode in ("sum", "mean", "max"):
+        check_op(lambda wt: F.embedding_bag(idx.to(wt.device), wt, off.to(wt.device), mode=mode), w, grad=True)
+        check_op(lambda wt: F.embedding_bag(idx.to(wt.device), wt, off.to(wt.device), mode=mode, padding_idx=4,
+                                            scale_grad_by_freq=mode != "max"), w, grad=True)
+        check_op(lambda wt: F.embedding_bag(idx[:8].reshape(2, 4).to(wt.device), wt, mode=mode), w, grad=True)
+    check_op(lambda wt, p: F.embedding_bag(idx.to(wt.device), wt, torch.tensor([0, 3, 3, 7, 9], device=wt.device),
+                                           per_sample_weights=p, include_last_offset=True, mode="sum"),
+             w, psw, grad=True)

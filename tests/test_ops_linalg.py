@@ -270,3 +270,27 @@ def test_matrix_exp():
 def test_eig():
     # (forward only: the CPU backend's LAPACK geev, as PyTorch's, so vectors match as returned)
     check(lambda a: (torch.linalg.eig(a), torch.linalg.eigvals(a)), rnd(2, 4, 4), rtol=1e-4, atol=1e-5)
+
+
+def test_det_inv_slogdet_empty():
+    # empty batches and 0x0 matrices: nothing to factor (det 1, inverse empty)
+    for shape in [(0, 0), (3, 0, 0), (0, 3, 3)]:
+        a = rnd(*shape)
+        check(lambda x: (torch.linalg.det(x), torch.linalg.inv(x), torch.linalg.inv_ex(x),
+                         torch.linalg.slogdet(x), torch.logdet(x)), a)
+
+
+def test_lstsq():
+    a, b = rnd(2, 5, 3), rnd(2, 5, 2, seed=1)
+    for driver in ("gels", "gelsy", "gelsd", "gelss"):
+        check(lambda x, y: torch.linalg.lstsq(x, y, driver=driver), a, b, rtol=1e-4, atol=1e-4)
+    check(lambda x, y: torch.linalg.lstsq(x, y), rnd(3, 4), rnd(3, 2, seed=1), rtol=1e-4, atol=1e-4)  # m < n
+    check(lambda x, y: torch.linalg.lstsq(x, y).solution, a, b, grad=True, rtol=1e-4, atol=1e-4)
+    with pytest.raises(RuntimeError, match="at least 2 dimensions"):
+        torch.linalg.lstsq(torch.ones((), device=XLA), torch.ones((), device=XLA))
+
+
+def test_pdist():
+    x = rnd(6, 4)
+    for p in (0., 1., 2., 3., 0.5, float("inf")):
+        check(lambda a: torch.nn.functional.pdist(a, p), x, grad=p != 0, rtol=1e-4, atol=1e-4)

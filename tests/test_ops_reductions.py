@@ -292,3 +292,34 @@ def test_mode():
     x = torch.tensor([[3., 1, 3, 1, 2, 2, 5], [1, 3, 3, 1, 2, 0, 0], [7, 6, 5, 4, 3, 2, 1]])
     check(lambda a, b, c: (a.mode(1), a.mode(0), a.mode(1, keepdim=True), b.mode(1), c.mode(0)),
           x, rnd(4, 9, dtype=torch.int64), rnd(9, dtype=torch.bool))
+
+
+def test_segment_reduce():
+    data = rnd(2, 7, 3)
+    data[0, 1, 0] = 0.  # prod's gradient with a zero in the segment
+    lengths = torch.tensor([[2, 0, 3, 2], [1, 1, 2, 3]])
+    offsets = torch.cat([torch.zeros(2, 1, dtype=torch.long), lengths.cumsum(1)], 1)
+    for reduce in ("max", "min", "mean", "sum", "prod"):
+        for initial in (None, 2.):
+            check(lambda d: torch.segment_reduce(d, reduce, lengths=lengths.to(d.device), axis=1, initial=initial),
+                  data, grad=True, rtol=1e-5)
+        check(lambda d: torch.segment_reduce(d, reduce, offsets=offsets.to(d.device), axis=1), data, grad=True,
+              rtol=1e-5)
+
+
+def test_ctc_loss():
+    g = torch.Generator().manual_seed(0)
+    t, n, c = 12, 3, 5
+    logits = torch.randn(t, n, c, generator=g)
+    targets = torch.randint(1, c, (n, 4), generator=g)
+    targets[0, 1] = targets[0, 0]  # a repeated label (no skip transition between them)
+    il, tl = [12, 9, 12], [4, 2, 3]
+    F = torch.nn.functional
+    for reduction in ("none", "mean", "sum"):
+        check(lambda x: F.ctc_loss(x.log_softmax(2), targets, il, tl, reduction=reduction), logits, grad=True,
+              rtol=1e-4, atol=1e-5)
+    # concatenated targets, log_probs as the leaf (PyTorch's gradient convention), an
+    # impossible alignment (input shorter than the targets need) zeroed by zero_infinity
+    flat = torch.cat([targets[0, :4], targets[1, :2], targets[2, :3]])
+    check(lambda x: F.ctc_loss(x, flat, [12, 2, 12], tl, reduction="none", zero_infinity=True),
+          logits.log_softmax(2), grad=True, rtol=1e-4, atol=1e-5)

@@ -106,4 +106,4 @@ def rng_key(seed, counter: int):
 def load_all() -> None:
     """Imports every lowering family (each registers itself)."""
     from . import (elementwise, reductions, shape_ops, nn_ops, indexing, factories,  # noqa: F401
-                   linalg, random_ops, collectives, foreach)
+                   linalg, random_ops, collectives, foreach, fft, special)

@@ -333,3 +333,231 @@ def put(x, index, source, accumulate=False):
 
 # take_along_dim and index_select_backward are CompositeImplicitAutograd (they decompose
 # into gather / index_add): a backend kernel for them would hide their autograd formula.
+
+
+# ---- searchsorted / bucketize --------------------------------------------------------------
+
+def _binary_search(seq, vals, right, sorter=None):
+    """PyTorch's CPU binary search, step for step (so NaNs land where the CPU puts them):
+    lower bound moves right while !(seq[mid] >= v), upper bound while !(seq[mid] > v).
+    seq (..., M) with the leading dims of vals (..., K), or 1-D."""
+    m = seq.shape[-1]
+    if seq.ndim == 1:
+        seq = jnp.broadcast_to(seq, vals.shape[:-1] + (m,)) if vals.ndim else seq
+        if sorter is not None and vals.ndim:
+            sorter = jnp.broadcast_to(sorter, vals.shape[:-1] + (m,))
+    scalar = vals.ndim == 0
+    if scalar:
+        vals = jnp.reshape(vals, (1,))
+    if seq.dtype != vals.dtype:
+        dt = jnp.promote_types(seq.dtype, vals.dtype)
+        seq, vals = seq.astype(dt), vals.astype(dt)
+    start = jnp.zeros(vals.shape, jnp.int64)
+    end = jnp.full(vals.shape, m, jnp.int64)
+    if m == 0:
+        return start[0] if scalar else start
+    for _ in range(int(m).bit_length() + 1):
+        active = start < end
+        mid = start + ((end - start) >> 1)
+        midc = jnp.minimum(mid, m - 1)
+        pos = midc if sorter is None else jnp.take_along_axis(sorter.astype(jnp.int64), midc, axis=-1)
+        mv = jnp.take_along_axis(seq, pos, axis=-1)
+        go_right = ~(mv > vals) if right else ~(mv >= vals)
+        start = jnp.where(active & go_right, mid + 1, start)
+        end = jnp.where(active & ~go_right, mid, end)
+    return start[0] if scalar else start
+
+
+@lowering("aten::searchsorted.Tensor", "aten::searchsorted.Scalar")
+def searchsorted(seq, x, out_int32=False, right=False, side=None, sorter=None):
+    r = right or side == "right"
+    return _binary_search(seq, jnp.asarray(x), r, sorter)
+
+
+def _bucketize_meta(x, boundaries, out_int32=False, right=False):
+    """PyTorch's meta kernel does not check the boundaries' rank; the CPU does."""
+    import torch
+    if boundaries.dim() != 1:
+        raise RuntimeError(f"boundaries tensor must be 1 dimension, but got dim({boundaries.dim()})")
+    shape = x.shape if isinstance(x, torch.Tensor) else ()
+    return torch.empty(shape, dtype=torch.int32 if out_int32 else torch.int64, device="meta")
+
+
+@lowering("aten::bucketize.Tensor", "aten::bucketize.Scalar", meta=_bucketize_meta)
+def bucketize(x, boundaries, out_int32=False, right=False):
+    x = jnp.asarray(x)
+    flat = jnp.reshape(x, (-1,))
+    return jnp.reshape(_binary_search(boundaries, flat, right), x.shape)
+
+
+# ---- index_reduce / nonzero_static / histc ---------------------------------------------------
+
+@lowering("aten::index_reduce")
+def index_reduce(x, dim, index, source, reduce, include_self=True):
+    """Rows `index[i]` of x along dim combined with slice i of source (as scatter_reduce;
+    without include_self the rows that are hit start from the reduction's identity)."""
+    scalar = x.ndim == 0
+    x1 = jnp.reshape(x, (1,)) if scalar else jnp.moveaxis(x, _dim(dim, x.ndim), 0)
+    src = jnp.asarray(source)
+    s1 = jnp.reshape(src, (1,)) if src.ndim == 0 else jnp.moveaxis(src, _dim(dim, src.ndim), 0)
+    s1 = s1.astype(x1.dtype)
+    idx = jnp.reshape(index, (-1,)).astype(jnp.int64)
+    dt = x1.dtype
+    count = jnp.zeros((x1.shape[0],), jnp.int64).at[idx].add(1)
+    count = jnp.reshape(count, (-1,) + (1,) * (x1.ndim - 1))
+    base = x1 if include_self else jnp.where(count > 0, _identity(reduce, dt), x1)
+    ref = base.at[idx]
+    if reduce == "mean":
+        out = ref.add(s1)
+        n = jnp.maximum(count + 1 if include_self else count, 1)
+        if jnp.issubdtype(dt, jnp.inexact):
+            out = out / n.astype(dt)
+        else:
+            out = jnp.floor_divide(out, n.astype(dt))
+    elif reduce == "prod":
+        out = ref.multiply(s1)
+    elif reduce == "amax":
+        out = ref.max(s1)
+    elif reduce == "amin":
+        out = ref.min(s1)
+    else:
+        raise RuntimeError(f"index_reduce(): Expected reduce to be one of prod, mean, amax or amin, got {reduce}.")
+    return jnp.reshape(out, ()) if scalar else jnp.moveaxis(out, 0, _dim(dim, x.ndim))
+
+
+@lowering("aten::nonzero_static")
+def nonzero_static(x, size, fill_value=-1):
+    if x.ndim == 0:
+        return jnp.zeros((size, 0), jnp.int64)
+    nz = jnp.nonzero(x != 0 if x.dtype != jnp.bool_ else x, size=size, fill_value=fill_value)
+    return jnp.stack([a.astype(jnp.int64) for a in nz], axis=1) if nz else jnp.zeros((size, 0), jnp.int64)
+
+
+@lowering("aten::histc")
+def histc(x, bins=100, min=0, max=0):
+    """The CPU's linear-interpolation binning: bin = trunc((v - lo) * bins / (hi - lo)) in
+    the input dtype, v == hi in the last bin, values outside [lo, hi] (and NaNs) dropped.
+    min == max means the data's range; an empty range widens to [lo - 1, hi + 1]."""
+    dt = x.dtype
+    flat = jnp.reshape(x, (-1,))
+    lo = jnp.asarray(min).astype(jnp.float64)
+    hi = jnp.asarray(max).astype(jnp.float64)
+    if flat.size:
+        same = lo == hi
+        lo = jnp.where(same, jnp.min(flat).astype(jnp.float64), lo)
+        hi = jnp.where(same, jnp.max(flat).astype(jnp.float64), hi)
+    same = lo == hi
+    lo = jnp.where(same, lo - 1, lo).astype(dt)
+    hi = jnp.where(same, hi + 1, hi).astype(dt)
+    pos = (((flat - lo) * jnp.asarray(bins, dt)) / (hi - lo)).astype(jnp.int64)
+    pos = jnp.where(pos == bins, bins - 1, pos)
+    inside = (flat >= lo) & (flat <= hi)
+    pos = jnp.where(inside, pos, bins)  # out of range: dropped by the scatter
+    counts = jnp.zeros((bins,), jnp.int64).at[pos].add(1, mode="drop")
+    return counts.astype(dt)
+
+
+# ---- embedding_bag ---------------------------------------------------------------------------
+
+def _bag_ids(indices, offsets, include_last_offset):
+    """The bag of every index position (num_bags = not in any bag) and the bag count."""
+    n = indices.shape[0]
+    offsets = offsets.astype(jnp.int64)
+    nb = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
+    ends = offsets[1:nb + 1]
+    if not include_last_offset:
+        ends = jnp.concatenate([ends, jnp.full((1,), n, jnp.int64)])
+    p = jnp.arange(n, dtype=jnp.int64)
+    ids = jnp.sum(ends[:, None] <= p[None, :], axis=0)
+    ids = jnp.where(p >= offsets[0], ids, nb) if nb else ids
+    return ids, nb
+
+
+@lowering("aten::_embedding_bag", "aten::_embedding_bag_forward_only")
+def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                  per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    """(output, offset2bag, bag_size, max_indices). Indices equal to padding_idx take no
+    part (nor in a bag's size); empty bags are 0 in every mode."""
+    idx = jnp.reshape(indices, (-1,)).astype(jnp.int64)
+    ids, nb = _bag_ids(idx, offsets, include_last_offset)
+    d = weight.shape[1]
+    calc = jnp.float32 if np.dtype(weight.dtype) in (np.dtype(jnp.bfloat16), np.dtype(jnp.float16)) else weight.dtype
+    rows = jnp.take(weight, idx, axis=0, mode="clip").astype(calc)
+    valid = ids < nb
+    if padding_idx is not None and padding_idx >= 0:
+        valid = valid & (idx != padding_idx)
+    tgt = jnp.where(valid, ids, nb)
+    count = jnp.zeros((nb + 1,), jnp.int64).at[tgt].add(1)[:nb]
+    zero = jnp.zeros((), calc)
+    max_idx = jnp.zeros(out_shape(3), jnp.int64)
+    if mode == 2:
+        vals = jnp.where(valid[:, None], rows, jnp.asarray(-jnp.inf, calc))
+        best = jnp.full((nb + 1, d), -jnp.inf, calc).at[tgt].max(vals)
+        # the first position holding the maximum (the CPU keeps the first on ties)
+        hit = valid[:, None] & (rows == best[tgt])
+        pos = jnp.where(hit, jnp.arange(idx.shape[0], dtype=jnp.int64)[:, None], idx.shape[0])
+        first = jnp.full((nb + 1, d), idx.shape[0], jnp.int64).at[tgt].min(pos)[:nb]
+        max_idx = jnp.where(count[:, None] > 0, jnp.take(idx, jnp.minimum(first, max(idx.shape[0] - 1, 0))), -1)
+        out = jnp.where(count[:, None] > 0, best[:nb], zero)
+    else:
+        if per_sample_weights is not None:
+            rows = rows * jnp.reshape(per_sample_weights, (-1, 1)).astype(calc)
+        out = jnp.zeros((nb + 1, d), calc).at[tgt].add(jnp.where(valid[:, None], rows, zero))[:nb]
+        if mode == 1:
+            out = out / jnp.maximum(count, 1)[:, None].astype(calc)
+    nbs = out_shape(2)[0]  # with include_last_offset the CPU's bag_size has len(offsets) entries
+    count = jnp.pad(count, (0, nbs - nb)) if nbs > nb else count[:nbs]
+    return out, ids, count, max_idx
+
+
+@lowering("aten::_embedding_bag_backward", "aten::_embedding_bag_dense_backward")
+def embedding_bag_backward(grad, indices, *args):
+    """Both overloads (the dense one has no `offsets`); rows of grad go back to the weight
+    rows their bag read (max: only the row that gave each maximum)."""
+    if len(args) >= 10:  # _embedding_bag_backward: offsets comes first, `sparse` is extra
+        (_, offset2bag, bag_size, max_idx, num_weights, scale_grad_by_freq, mode, _sparse,
+         per_sample_weights, *rest) = args
+    else:
+        offset2bag, bag_size, max_idx, num_weights, scale_grad_by_freq, mode, per_sample_weights, *rest = args
+    padding_idx = rest[0] if rest else -1
+    dt = grad.dtype
+    d = grad.shape[1]
+    nb = grad.shape[0]
+    idx = jnp.reshape(indices, (-1,)).astype(jnp.int64)
+    if mode == 2:
+        m = jnp.reshape(max_idx, (nb, d)).astype(jnp.int64)
+        m = jnp.where(m < 0, num_weights, m)  # empty bags: dropped
+        cols = jnp.broadcast_to(jnp.arange(d), (nb, d))
+        return jnp.zeros((num_weights, d), dt).at[m, cols].add(grad, mode="drop")
+    ids = offset2bag.astype(jnp.int64)
+    valid = ids < nb
+    if padding_idx is not None and padding_idx >= 0:
+        valid = valid & (idx != padding_idx)
+    g = jnp.take(grad, jnp.minimum(ids, nb - 1), axis=0)
+    if mode == 1:
+        g = g / jnp.maximum(jnp.take(bag_size, jnp.minimum(ids, nb - 1)), 1)[:, None].astype(dt)
+    if per_sample_weights is not None:
+        g = g * jnp.reshape(per_sample_weights, (-1, 1)).astype(dt)
+    if scale_grad_by_freq:
+        # The CPU kernel divides the k-th distinct index (ascending) by the frequency of
+        # sorted_indices[k], not of the index itself; reproduced to match its gradients.
+        freq = jnp.zeros((num_weights,), jnp.int64).at[idx].add(1)
+        srt = jnp.sort(idx)
+        first = jnp.concatenate([jnp.ones((1,), bool), srt[1:] != srt[:-1]])
+        k = jnp.sum(first[None, :] & (srt[None, :] < idx[:, None]), axis=1)
+        g = g / jnp.take(freq, jnp.take(srt, k))[:, None].astype(dt)
+    g = jnp.where(valid[:, None], g, jnp.zeros((), dt))
+    return jnp.zeros((num_weights, d), dt).at[idx].add(g)
+
+
+@lowering("aten::_embedding_bag_per_sample_weights_backward")
+def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
+    idx = jnp.reshape(indices, (-1,)).astype(jnp.int64)
+    nb = grad.shape[0]
+    ids = offset2bag.astype(jnp.int64)
+    valid = ids < nb
+    if padding_idx is not None and padding_idx >= 0:
+        valid = valid & (idx != padding_idx)
+    g = jnp.take(grad, jnp.minimum(ids, nb - 1), axis=0)
+    w = jnp.take(weight, idx, axis=0, mode="clip").astype(g.dtype)
+    return jnp.where(valid, jnp.sum(g * w, axis=1), jnp.zeros((), g.dtype))

@@ -286,8 +286,12 @@ def cholesky_inverse(f, upper=False):
 
 def _lu(a):
     """(LU, 1-based int32 pivots, 0-based permutation, info) of a batch of matrices."""
-    lu, piv, perm = lax.linalg.lu(a)
     k = min(a.shape[-2], a.shape[-1])
+    batch = a.shape[:-2]
+    if a.size == 0:  # an empty batch or 0-sized matrices: nothing to factor (argmax needs k > 0)
+        return (a, jnp.ones(batch + (k,), jnp.int32), jnp.zeros(batch + (a.shape[-2],), jnp.int32),
+                jnp.zeros(batch, jnp.int32))
+    lu, piv, perm = lax.linalg.lu(a)
     d = jnp.diagonal(lu, axis1=-2, axis2=-1)[..., :k]
     zero = d == 0
     info = jnp.where(jnp.any(zero, axis=-1), jnp.argmax(zero, axis=-1) + 1, 0).astype(jnp.int32)
@@ -469,3 +473,112 @@ def linalg_matrix_exp(a):
 @lowering("aten::linalg_householder_product")
 def linalg_householder_product(a, tau):
     return lax.linalg.householder_product(a, tau)
+
+
+# ---- least squares -------------------------------------------------------------------------------
+
+def _lstsq_driver(driver):
+    # The CPU's default; PyTorch picks "gels" for other devices, but results must match the CPU.
+    return "gelsy" if driver is None else driver
+
+
+def _lstsq_meta(a, b, rcond=None, driver=None):
+    """Output shapes of linalg_lstsq (the CPU computes them with data-dependent resizes).
+    Residuals assume full rank (gelsd/gelss return none on the CPU for a rank-deficient A)."""
+    import torch
+    driver = _lstsq_driver(driver)
+    if a.dim() < 2:
+        raise RuntimeError("torch.linalg.lstsq: input must have at least 2 dimensions.")
+    if b.dim() < 1:
+        raise RuntimeError("torch.linalg.lstsq: other must have at least 1 dimension.")
+    if a.dtype != b.dtype:
+        raise RuntimeError(f"torch.linalg.lstsq: Expected input and other to have the same dtype, "
+                           f"but got input's dtype {a.dtype} and other's dtype {b.dtype}")
+    if driver not in ("gels", "gelsy", "gelsd", "gelss"):
+        raise RuntimeError(f"torch.linalg.lstsq: parameter `driver` should be one of (gels, gelsy, gelsd, gelss)")
+    m, n = a.shape[-2], a.shape[-1]
+    vec = b.dim() == a.dim() - 1
+    bm = b.unsqueeze(-1) if vec else b
+    if bm.shape[-2] != m:
+        raise RuntimeError("torch.linalg.lstsq: input.size(-2) should match other.size(-2)")
+    batch = torch.broadcast_shapes(a.shape[:-2], bm.shape[:-2])
+    k = bm.shape[-1]
+    sol = batch + ((n,) if vec else (n, k))
+    res = (batch + (() if vec else (k,))) if (m > n and driver != "gelsy") else (0,)
+    rank = batch if driver != "gels" else (0,)
+    sv = batch + (min(m, n),) if driver in ("gelsd", "gelss") else (0,)
+    real = a.dtype.to_real() if a.dtype.is_complex else a.dtype
+    e = lambda s, dt: torch.empty(s, dtype=dt, device="meta")  # noqa: E731
+    return e(sol, a.dtype), e(res, real), e(rank, torch.int64), e(sv, real)
+
+
+@lowering("aten::linalg_lstsq", meta=_lstsq_meta)
+def linalg_lstsq(a, b, rcond=None, driver=None):
+    """Minimum-norm least squares through the SVD (what gelsd computes; gels/gelsy agree on
+    full-rank inputs). Singular values below rcond * max(s) count as zero."""
+    driver = _lstsq_driver(driver)
+    m, n = a.shape[-2], a.shape[-1]
+    vec = b.ndim == a.ndim - 1
+    bm = b[..., None] if vec else b
+    batch = jnp.broadcast_shapes(a.shape[:-2], bm.shape[:-2])
+    a = jnp.broadcast_to(a, batch + a.shape[-2:])
+    bm = jnp.broadcast_to(bm.astype(a.dtype), batch + bm.shape[-2:])
+    real = jnp.finfo(a.dtype).dtype
+    if rcond is None:
+        rcond = float(jnp.finfo(a.dtype).eps) * max(m, n)
+    if min(m, n) == 0:
+        x = jnp.zeros(batch + (n, bm.shape[-1]), a.dtype)
+        s = jnp.zeros(batch + (0,), real)
+        rank = jnp.zeros(batch, jnp.int64)
+    else:
+        u, s, vh = jnp.linalg.svd(a, full_matrices=False)
+        keep = s > rcond * s[..., :1]
+        sinv = jnp.where(keep, 1 / jnp.where(keep, s, 1), 0).astype(a.dtype)
+        x = _matmul(_mH(vh), sinv[..., :, None] * _matmul(_mH(u), bm))
+        rank = jnp.sum(keep, axis=-1).astype(jnp.int64)
+    outs = []
+    if m > n and driver != "gelsy":
+        r = _matmul(a, x) - bm
+        res = jnp.sum(jnp.real(r * jnp.conj(r)), axis=-2)
+        outs.append(res[..., 0] if vec else res)
+    else:
+        outs.append(jnp.zeros(out_shape(1), real))
+    outs.append(rank if driver != "gels" else jnp.zeros(out_shape(2), jnp.int64))
+    outs.append(s if driver in ("gelsd", "gelss") else jnp.zeros(out_shape(3), real))
+    return (x[..., 0] if vec else x, *outs)
+
+
+# ---- pdist ---------------------------------------------------------------------------------------
+
+@lowering("aten::_pdist_forward")
+def pdist_forward(x, p=2.0):
+    """Distances between rows i < j in row-major order, summed directly (as the CPU)."""
+    n = x.shape[0]
+    dt = _calc_dt(out_dtype())
+    i, j = np.triu_indices(n, 1)
+    if i.size == 0 or x.shape[1] == 0:
+        return jnp.zeros(out_shape(), dt)
+    x = x.astype(dt)
+    diff = jnp.abs(x[i] - x[j])
+    if p == 0:
+        return jnp.sum((diff != 0).astype(dt), axis=-1)
+    if p == float("inf"):
+        return jnp.max(diff, axis=-1)
+    if p == 1:
+        return jnp.sum(diff, axis=-1)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(diff * diff, axis=-1))
+    return jnp.sum(diff ** p, axis=-1) ** (1.0 / p)
+
+
+@lowering("aten::_pdist_backward")
+def pdist_backward(grad, x, p, dist):
+    """cdist's backward on the symmetric matrices of grad and dist (each pair's term is odd
+    in x_i - x_j, so row j receives the negated contribution of row i)."""
+    n = x.shape[0]
+    i, j = np.triu_indices(n, 1)
+    if i.size == 0:
+        return jnp.zeros(out_shape(), x.dtype)
+    g = jnp.zeros((n, n), grad.dtype).at[i, j].set(grad).at[j, i].set(grad)
+    d = jnp.zeros((n, n), dist.dtype).at[i, j].set(dist).at[j, i].set(dist)
+    return cdist_backward(g, x, x, p, d)

@@ -608,3 +608,232 @@ def mode(x, dim=-1, keepdim=False):
     val = jnp.take_along_axis(vals, pos, axis=-1)[..., 0]
     ind = jnp.take_along_axis(inds, pos, axis=-1)[..., 0]
     return _out(val, 0), _out(ind, 1)
+
+
+# ---- segment_reduce ------------------------------------------------------------------------------
+
+def _segments(data, lengths, offsets, axis):
+    """Per element along `axis`: its segment id (S = no segment), the segment count S and
+    the segment lengths. lengths/offsets carry data's leading dims (before axis)."""
+    axis = axis % data.ndim
+    if offsets is None:
+        lengths = lengths.astype(jnp.int64)
+        zero = jnp.zeros(lengths.shape[:-1] + (1,), jnp.int64)
+        offsets = jnp.concatenate([zero, jnp.cumsum(lengths, axis=-1)], axis=-1)
+    offsets = offsets.astype(jnp.int64)
+    lens = offsets[..., 1:] - offsets[..., :-1]
+    s = lens.shape[-1]
+    n = data.shape[axis]
+    j = jnp.arange(n, dtype=jnp.int64)
+    ids = jnp.sum(offsets[..., 1:, None] <= j, axis=-2)  # (..., N)
+    ids = jnp.where(j >= offsets[..., :1], ids, s)
+    return ids, s, lens
+
+
+def _seg_flat(data, ids, s, axis):
+    """data as (B*N, R) rows and their global segment rows in a (B*(S+1), R) table."""
+    axis = axis % data.ndim
+    lead = data.shape[:axis]
+    b = int(np.prod(lead)) if lead else 1
+    n = data.shape[axis]
+    r = int(np.prod(data.shape[axis + 1:])) if data.ndim > axis + 1 else 1
+    rows = jnp.reshape(data, (b * n, r))
+    gid = jnp.broadcast_to(ids, lead + (n,)).reshape(b, n) + (jnp.arange(b, dtype=jnp.int64) * (s + 1))[:, None]
+    return rows, gid.reshape(-1), b, r
+
+
+def _seg_unflat(table, b, s, data_shape, axis):
+    axis = axis % len(data_shape)
+    t = jnp.reshape(table, (b, s + 1, -1))[:, :s]
+    return jnp.reshape(t, data_shape[:axis] + (s,) + data_shape[axis + 1:])
+
+
+def _seg_init(reduce, dt, initial):
+    if initial is not None:
+        return jnp.asarray(initial).astype(dt)
+    return {"max": jnp.asarray(-jnp.inf, dt), "min": jnp.asarray(jnp.inf, dt),
+            "prod": jnp.ones((), dt)}.get(reduce, jnp.zeros((), dt))
+
+
+@lowering("aten::segment_reduce")
+def segment_reduce(data, reduce, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
+    """The CPU kernel: each segment starts from `initial` (or the reduction's identity);
+    mean divides by the segment length, an empty mean segment is `initial` or NaN."""
+    dt = data.dtype
+    ids, s, lens = _segments(data, lengths, offsets, axis)
+    rows, gid, b, r = _seg_flat(data, ids, s, axis)
+    init = _seg_init(reduce, dt, initial)
+    table = jnp.full((b * (s + 1), r), init, dt).at[gid]
+    if reduce in ("sum", "mean"):
+        table = table.add(rows)
+    elif reduce == "prod":
+        table = table.multiply(rows)
+    elif reduce == "max":
+        table = table.max(rows)
+    elif reduce == "min":
+        table = table.min(rows)
+    else:
+        raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
+    out = _seg_unflat(table, b, s, data.shape, axis)
+    if reduce == "mean":
+        ax = axis % data.ndim
+        ln = jnp.reshape(lens, lens.shape + (1,) * (data.ndim - ax - 1)).astype(dt)
+        empty = ln == 0
+        out = jnp.where(empty, jnp.full((), jnp.nan, dt) if initial is None else out,
+                        out / jnp.where(empty, jnp.ones((), dt), ln))
+    return out
+
+
+@lowering("aten::_segment_reduce_backward")
+def segment_reduce_backward(grad, output, data, reduce, lengths=None, offsets=None, axis=0, initial=None):
+    dt = data.dtype
+    ax = axis % data.ndim
+    ids, s, lens = _segments(data, lengths, offsets, ax)
+    # Per element: the gradient / output / length of its segment (zero outside any segment).
+    pad = [(0, 0)] * data.ndim
+    pad[ax] = (0, 1)
+    idx = jnp.reshape(ids, ids.shape + (1,) * (data.ndim - ax - 1))
+    idx = jnp.broadcast_to(idx, data.shape)
+
+    def per_elem(t):
+        t = jnp.pad(t.astype(dt), pad)
+        return jnp.take_along_axis(t, idx, axis=ax)
+
+    inside = idx < s
+    g = jnp.where(inside, per_elem(grad), jnp.zeros((), dt))
+    if reduce == "sum":
+        return g
+    ln = jnp.reshape(lens, lens.shape + (1,) * (data.ndim - ax - 1))
+    if reduce == "mean":
+        return g / jnp.maximum(per_elem(jnp.broadcast_to(ln, output.shape)), 1)
+    o = per_elem(output)
+    if reduce in ("max", "min"):
+        eq = inside & (data == o)
+        rows, gid, b, r = _seg_flat(eq.astype(dt), ids, s, ax)
+        cnt = _seg_unflat(jnp.zeros((b * (s + 1), r), dt).at[gid].add(rows), b, s, data.shape, ax)
+        return jnp.where(eq, g / jnp.maximum(per_elem(cnt), 1), jnp.zeros((), dt))
+    if reduce == "prod":
+        # d/dx_i = initial * prod of the other elements: output / x_i without zeros; with
+        # zeros, only a lone zero gets a gradient (the product of the nonzero elements).
+        zero = data == 0
+        rows, gid, b, r = _seg_flat(zero.astype(jnp.int64), ids, s, ax)
+        nz = per_elem(_seg_unflat(jnp.zeros((b * (s + 1), r), jnp.int64).at[gid].add(rows), b, s, data.shape, ax))
+        nonzero = jnp.where(zero, jnp.ones((), dt), data)
+        rows, gid, b, r = _seg_flat(nonzero, ids, s, ax)
+        init = _seg_init("prod", dt, initial)
+        pnz = per_elem(_seg_unflat(jnp.full((b * (s + 1), r), init, dt).at[gid].multiply(rows), b, s, data.shape, ax))
+        d = jnp.where(nz == 0, o / nonzero, jnp.where(zero & (nz == 1), pnz, jnp.zeros((), dt)))
+        return jnp.where(inside, g * d, jnp.zeros((), dt))
+    raise RuntimeError(f"unsupported reduction {reduce}")
+
+
+# ---- CTC loss ------------------------------------------------------------------------------------
+
+def _logaddexp(a, b):
+    """log(exp(a) + exp(b)) whose gradient is 0, not NaN, where both are -inf."""
+    m = lax.stop_gradient(jnp.maximum(a, b))
+    m = jnp.where(jnp.isfinite(m), m, jnp.zeros((), m.dtype))
+    s = jnp.exp(a - m) + jnp.exp(b - m)
+    pos = s > 0
+    return jnp.where(pos, m + jnp.log(jnp.where(pos, s, jnp.ones((), s.dtype))), jnp.asarray(-jnp.inf, s.dtype))
+
+
+def _ctc_nll(log_probs, targets, input_lengths, target_lengths, blank, s_max):
+    """(nll (N,), log_alpha (N, T, 2*s_max+1)) by the forward recursion over time in log
+    space; alpha stops changing after a sample's input length."""
+    lp = log_probs if log_probs.ndim == 3 else log_probs[:, None, :]
+    t_len, n, _ = lp.shape
+    il = jnp.reshape(jnp.asarray(input_lengths), (-1,)).astype(jnp.int64)
+    tl = jnp.reshape(jnp.asarray(target_lengths), (-1,)).astype(jnp.int64)
+    k = jnp.arange(s_max, dtype=jnp.int64)
+    if targets.ndim == 2:
+        tg = targets[:, :s_max]
+    elif log_probs.ndim == 2:
+        tg = targets[None, :s_max]
+    else:  # concatenated targets
+        off = jnp.cumsum(tl) - tl
+        tg = jnp.take(targets, jnp.clip(off[:, None] + k, 0, max(targets.shape[0] - 1, 0)), mode="clip")
+    tg = jnp.reshape(tg, (n, s_max)).astype(jnp.int64)
+    big_l = 2 * s_max + 1
+    ext = jnp.full((n, big_l), blank, jnp.int64)
+    if s_max:
+        ext = ext.at[:, 1::2].set(tg)
+    lpe = jnp.take_along_axis(lp, jnp.broadcast_to(ext[None], (t_len, n, big_l)), axis=2)  # (T, N, L)
+    s = jnp.arange(big_l)
+    prev2 = jnp.concatenate([jnp.full((n, 2), -1, jnp.int64), ext[:, :-2]], axis=1)
+    skip = (s >= 2) & (ext != blank) & (ext != prev2)
+    valid = s[None, :] < (2 * tl + 1)[:, None]
+    ninf = jnp.asarray(-jnp.inf, lp.dtype)
+    a0 = jnp.where((s[None, :] == 0) | ((s[None, :] == 1) & (tl[:, None] > 0)), lpe[0], ninf)
+    a0 = jnp.where(valid, a0, ninf)
+
+    def shift(a, m):
+        return jnp.concatenate([jnp.full((n, m), ninf, a.dtype), a[:, :-m]], axis=1)
+
+    def step(a, xs):
+        t, row = xs
+        new = _logaddexp(_logaddexp(a, shift(a, 1)), jnp.where(skip, shift(a, 2), ninf)) + row
+        new = jnp.where(valid, new, ninf)
+        new = jnp.where((t < il)[:, None], new, a)
+        return new, new
+
+    last, rest = lax.scan(step, a0, (jnp.arange(1, t_len, dtype=jnp.int64), lpe[1:]))
+    log_alpha = jnp.concatenate([a0[None], rest], axis=0)  # (T, N, L)
+    end = jnp.take_along_axis(last, (2 * tl)[:, None], axis=1)[:, 0]
+    end1 = jnp.where(tl > 0, jnp.take_along_axis(last, jnp.maximum(2 * tl - 1, 0)[:, None], axis=1)[:, 0], ninf)
+    nll = -_logaddexp(end, end1)
+    return nll, jnp.swapaxes(log_alpha, 0, 1)
+
+
+def _ctc_meta(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    """(nll (N,), log_alpha (N, T, 2 * max(target_lengths) + 1)); the width needs the
+    lengths' values, so tensor lengths take the CPU."""
+    if isinstance(target_lengths, torch.Tensor):
+        raise NotImplementedError("ctc_loss with tensor lengths: the output width depends on their values")
+    if log_probs.dim() != 3:
+        raise RuntimeError(f"Expected 3-dimensional tensor, but got {log_probs.dim()}-dimensional tensor "
+                           f"for argument #1 'log_probs' (while checking arguments for ctc_loss_allocate_outputs)")
+    t, n = log_probs.shape[0], log_probs.shape[1]
+    if len(input_lengths) != n or len(target_lengths) != n:
+        raise RuntimeError("input_lengths and target_lengths must have size batch_size")
+    s = max(target_lengths) if len(target_lengths) else 0
+    e = lambda *sh: torch.empty(sh, dtype=log_probs.dtype, device="meta")  # noqa: E731
+    return e(n), e(n, t, 2 * s + 1)
+
+
+@lowering("aten::_ctc_loss", meta=_ctc_meta)
+def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    s_max = (out_shape(1)[-1] - 1) // 2
+    dt = _calc(log_probs.dtype)
+    nll, la = _ctc_nll(log_probs.astype(dt), targets, input_lengths, target_lengths, blank, s_max)
+    if zero_infinity:
+        nll = jnp.where(jnp.isinf(nll), jnp.zeros((), dt), nll)
+    return _out(nll, 0), _out(la, 1)
+
+
+@lowering("aten::_ctc_loss_backward", meta=lambda grad, log_probs, *a, **k: torch.empty_like(log_probs))
+def ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, nll, log_alpha, blank,
+                      zero_infinity=False):
+    """PyTorch's gradient: exp(log_probs) - (posterior of each class at t), times the
+    incoming gradient, zero past a sample's input length (the exp term assumes log_probs
+    come from a log_softmax, whose backward then cancels it)."""
+    import jax
+    dt = _calc(log_probs.dtype)
+    lp = log_probs.astype(dt)
+    s_max = (log_alpha.shape[-1] - 1) // 2
+    nll_of = lambda x: _ctc_nll(x, targets, input_lengths, target_lengths, blank, s_max)[0]  # noqa: E731
+    val, vjp = jax.vjp(nll_of, lp)
+    g = jnp.reshape(grad.astype(dt), (-1,))
+    g = jnp.broadcast_to(g, val.shape)
+    (dlp,) = vjp(jnp.ones_like(val))  # -posterior (per sample)
+    batched = lp.ndim == 3
+    gb = g[None, :, None] if batched else g[:, None]
+    out = (jnp.exp(lp) + dlp) * gb
+    il = jnp.reshape(jnp.asarray(input_lengths), (-1,)).astype(jnp.int64)
+    t = jnp.arange(lp.shape[0])
+    inside = (t[:, None] < il[None, :])[..., None] if batched else (t < il[0])[:, None]
+    bad = jnp.isinf(val)[None, :, None] if batched else jnp.isinf(val)[:, None]
+    out = jnp.where(inside, out, jnp.zeros((), dt))
+    if zero_infinity:
+        out = jnp.where(bad, jnp.zeros((), dt), out)
+    return out
