@@ -51,3 +51,19 @@ def test_native_batch_norm_saved_statistics_like_cpu():
         for dt in (torch.float32, torch.bfloat16):
             check_flat(lambda a, m, v: aten.native_batch_norm(a, None, None, m, v, training, 0.1, 1e-5)[1:],
                        x.to(dt), torch.zeros(2, dtype=dt), torch.ones(2, dtype=dt), rtol=2e-2, atol=2e-2)
+
+
+def test_equal_and_ctc_loss_with_tensor_lengths():
+    """torch.equal returns a Python bool read from the device; CTC with tensor lengths
+    reads the lengths once and runs on the device."""
+    from helpers import XLA, check_flat
+    import torch.nn.functional as F
+    a = torch.randn(3, 4)
+    for b in (a.clone(), a + 1, a[:2]):
+        assert torch.equal(a.to(XLA), b.to(XLA)) == torch.equal(a, b)
+    torch.manual_seed(0)
+    lp = torch.randn(12, 2, 5).log_softmax(-1)
+    tg = torch.randint(1, 5, (2, 4))
+    il, tl = torch.tensor([12, 10]), torch.tensor([4, 3])
+    check_flat(lambda x, t, i, l: F.ctc_loss(x, t, i, l), lp, tg, il, tl, grad=True,
+               allow=("aten::_local_scalar_dense",), rtol=1e-5, atol=1e-5)

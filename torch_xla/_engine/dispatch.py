@@ -632,6 +632,32 @@ def k_local_scalar_dense(x):
     return to_cpu(x).item()
 
 
+def k_equal(self, other):
+    """`torch.equal`: a Python bool, so the comparison is read from the device once."""
+    _check_devices("equal", (self, other), {})
+    if tuple(self.shape) != tuple(other.shape):
+        return False
+    return bool(torch.ops.aten.all.default(torch.ops.aten.eq.Tensor(self, other)).item())
+
+
+def _host_lengths(t):
+    return [int(v) for v in to_cpu(t).tolist()] if isinstance(t, torch.Tensor) else list(t)
+
+
+def k_ctc_loss_tensor(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    """CTC with lengths given as tensors: the lengths decide the output's shape, so they are
+    read to the host (once) and the list overload runs on the device."""
+    return torch.ops.aten._ctc_loss.default(log_probs, targets, _host_lengths(input_lengths),
+                                            _host_lengths(target_lengths), blank, zero_infinity)
+
+
+def k_ctc_loss_backward_tensor(grad, log_probs, targets, input_lengths, target_lengths, nll, log_alpha,
+                               blank, zero_infinity=False):
+    return torch.ops.aten._ctc_loss_backward.default(grad, log_probs, targets, _host_lengths(input_lengths),
+                                                     _host_lengths(target_lengths), nll, log_alpha, blank,
+                                                     zero_infinity)
+
+
 def k_is_pinned(x, device=None):
     return False
 
@@ -776,6 +802,9 @@ def register() -> None:
         "copy": k_copy,
         "_local_scalar_dense": k_local_scalar_dense,
         "is_pinned": k_is_pinned,
+        "equal": k_equal,
+        "_ctc_loss.Tensor": k_ctc_loss_tensor,
+        "_ctc_loss_backward.Tensor": k_ctc_loss_backward_tensor,
         "set_.source_Tensor": k_set_source,
         "resize_": k_resize_,
     }

@@ -234,7 +234,25 @@ def _compile(graph: Graph, args, donate):
         lowered = jax.jit(fn, donate_argnums=donate, keep_unused=True).lower(*args)
         compiled = lowered.compile()
     metrics.inc("UncachedCompile")
+    _release_heap()
     return Executable(compiled, donate)
+
+
+def _release_heap() -> None:
+    """Returns the compiler's freed heap to the OS (glibc keeps it otherwise): compiling a
+    large step leaves hundreds of MB of free but resident memory behind."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            import ctypes
+            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim = None
 
 
 def _replicated(fn, graph):

@@ -32,6 +32,12 @@ def _configure_env() -> None:
                                            f" --xla_force_host_platform_device_count={int(n)}").strip()
     elif pjrt in _PLATFORMS:
         os.environ.setdefault("JAX_PLATFORMS", _PLATFORMS[pjrt])
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_cpu_enable_concurrency_optimized_scheduler" not in flags:
+        # XLA's CPU scheduler favours concurrency by default, which keeps more buffers
+        # alive: on the decoder training step (bench/) the memory-minimising order cut
+        # the step's temporary buffers from 1.20 to 1.08 GB at the same step time.
+        os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_enable_concurrency_optimized_scheduler=false").strip()
 
 
 def jax_module():
