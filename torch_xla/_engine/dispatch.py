@@ -13,6 +13,7 @@ from __future__ import annotations
 import keyword
 import os
 import threading
+import warnings
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -111,10 +112,11 @@ class OpKernel:
         # Factories (no tensor inputs) are called outside functionalization: wrap results.
         self.is_factory = not any(k in (T, OT, LT, LOT) for k in self.kinds)
 
-    def entry_point(self):
-        """The callable to register: a specialised fast path when one can be generated."""
-        fast = _specialise(self)
-        return fast if fast is not None else self
+    def entry_point(self, short: str):
+        """The callable to register for overload `short`. Where a specialised fast path can
+        be generated, a stub that generates it on the op's first call and registers it in
+        its own place (generating all of them at import would cost about 0.3 s)."""
+        return _LazyFast(self, short) if _specialisable(self) else self
 
     # -- the hot path (generic) ----------------------------------------------------
     def __call__(self, *args, **kwargs):
@@ -342,6 +344,43 @@ class OpKernel:
         return ShapeEntry(tuple(avals), structure, common)
 
 
+class _LazyFast:
+    __slots__ = ("kernel", "short", "fast")
+
+    def __init__(self, kernel: OpKernel, short: str):
+        self.kernel, self.short, self.fast = kernel, short, None
+
+    def __call__(self, *args, **kwargs):
+        fast = self.fast
+        if fast is None:
+            global _lib_fast
+            with _lock:
+                if self.fast is None:
+                    self.fast = _specialise(self.kernel)
+                    if _lib_fast is None:
+                        _lib_fast = torch.library.Library("aten", "IMPL")
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")  # "overriding a previously registered kernel"
+                        _lib_fast.impl(self.short, self.fast, "PrivateUse1")
+            fast = self.fast
+        return fast(*args, **kwargs)
+
+
+_lock = threading.Lock()
+_lib_fast = None
+
+
+def _specialisable(k: OpKernel) -> bool:
+    low = k.low
+    if low.alias or low.random or k.is_factory or any(x in (LT, LOT) for x in k.kinds):
+        return False
+    if any(keyword.iskeyword(a.name) or a.name.startswith("_") for a in k.op._schema.arguments):
+        return False
+    tensor_kinds = [x for x in k.kinds if x in (T, OT)]
+    # operands must keep the generic kernel's (argument) order
+    return not (OT in tensor_kinds and T in tensor_kinds[tensor_kinds.index(OT):])
+
+
 def _specialise(k: OpKernel):
     """Generates a straight-line kernel for the common case of one overload: every tensor
     argument an inner XLA tensor (the last one may be a wrapped number), every Scalar a Python int/float, a cached shape entry
@@ -349,11 +388,6 @@ def _specialise(k: OpKernel):
     `OpKernel.__call__`, which it calls for anything else (first call of a shape, other
     CPU scalars, fallbacks, eager mode), without the per-argument kind dispatch."""
     low = k.low
-    if low.alias or low.random or k.is_factory or any(x in (LT, LOT) for x in k.kinds):
-        return None
-    tensor_kinds = [x for x in k.kinds if x in (T, OT)]
-    if OT in tensor_kinds and T in tensor_kinds[tensor_kinds.index(OT):]:
-        return None  # operands must keep the generic kernel's (argument) order
     ns = {"generic": k.__call__, "outputs": k._outputs, "cache": k.cache, "Node": ir.Node, "ScalarParam": ir.ScalarParam,
           "make_tensor": make_tensor, "Tensor": torch.Tensor, "REFS": _REFS, "EAGER": EAGER, "freeze": _freeze,
           "NOSPECIAL": _NO_SPECIAL_SCALARS, "NAME": k.name, "LOW": low, "PROMOTE": low.promote}
@@ -364,8 +398,6 @@ def _specialise(k: OpKernel):
     names = [a.name for a in k.op._schema.arguments]
     for i, (a, kind) in enumerate(zip(k.op._schema.arguments, k.kinds)):
         v = a.name
-        if keyword.iskeyword(v) or v.startswith("_"):
-            return None
         if a.kwarg_only and not kw_only:
             params.append("*")
             kw_only = True
@@ -376,16 +408,19 @@ def _specialise(k: OpKernel):
             params.append(v)
         call.append(f"{v}={v}" if a.kwarg_only else v)
         if kind == T and i == last_t:
-            # The last tensor argument may be a wrapped number (`x * 0.5`): a CPU 0-d
-            # tensor that becomes a scalar parameter operand, as in the generic kernel.
+            # The last tensor argument may be a wrapped number (`x * 0.5` reaches the
+            # backend as a Python float): a Scalar, as in the generic kernel.
             lines += [f"_s{i} = getattr({v}, '_xla', None)", f"if _s{i} is not None:",
-                      f"    _k{i} = _s{i}.shape; _y{i} = _s{i}.dtype; _o{i} = (_s{i}.node, _s{i}.idx)",
-                      f"elif type({v}) is Tensor and {v}.device.type == 'cpu' and {v}.dim() == 0:",
-                      f"    _k{i} = (); _y{i} = {v}.dtype; _o{i} = (ScalarParam({v}.item(), _y{i}), 0)",
-                      "else:", "    return generic(CALL)",
-                      f"_w{i} = REFS[len(_ops)]; _ops.append(_o{i})"]
-            key += [f"_k{i}", f"_y{i}"]
+                      f"    _k{i} = (_s{i}.shape, _s{i}.dtype); _p{i} = False; _w{i} = REFS[len(_ops)]",
+                      f"    _ops.append((_s{i}.node, _s{i}.idx))",
+                      "else:", f"    _t{i} = type({v})",
+                      f"    if _t{i} is not float and _t{i} is not int:", "        return generic(CALL)",
+                      f"    if not NOSPECIAL and ({v} == 0 or {v} == 1):",
+                      f"        _k{i} = ((_t{i}, {v}),); _p{i} = False; _w{i} = {v}",
+                      "    else:", f"        _k{i} = (_t{i},); _p{i} = True; _w{i} = None"]
+            key.append(f"*_k{i}")
             argv.append(f"_w{i}")
+            scalars.append((i, v))
         elif kind == T:
             tensors.append(i)
             key += [f"_s{i}.shape", f"_s{i}.dtype"]
@@ -821,7 +856,7 @@ def register() -> None:
             # PyTorch decomposes these above autograd; a backend kernel would hide their
             # derivative. Their lowering still serves dynamo/export graphs.
             continue
-        _lib.impl(short, k.entry_point(), "PrivateUse1")
+        _lib.impl(short, k.entry_point(short), "PrivateUse1")
     _register_mutating_variants(special)
     for short, k in decompositions.kernels(LOWERINGS).items():
         _lib.impl(short, k, "PrivateUse1")
