@@ -826,3 +826,43 @@ def test_demo_script_runs(tmp_path):
     assert "Max Accuracy:" in out
     assert "Metric: CompileTime" in out and "Counter: UncachedCompile" in out   # short_metrics_report
     assert re.search(r"^Training rate: \d+\.\d\d samples/sec", out.strip().splitlines()[-1]), out
+
+
+_CACHE_SCRIPT = r'''
+import sys, torch, torch_xla, torch_xla.runtime as xr, torch_xla.core.xla_model as xm
+import torch_xla.debug.metrics as met
+xr.initialize_cache(sys.argv[1])
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)).to("xla")
+opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+x, y = torch.randn(4, 8).to("xla"), torch.randint(0, 2, (4,)).to("xla")
+losses = []
+for _ in range(3):
+    opt.zero_grad(); loss = torch.nn.functional.cross_entropy(m(x), y); loss.backward(); opt.step()
+    xm.mark_step(); losses.append(loss.item())
+print(repr((losses, met.counter_value("PersistentExecutableHit") or 0, met.counter_value("UncachedCompile") or 0)))
+'''
+
+
+def test_persistent_cache_second_process_loads_executables(tmp_path):
+    """A second process with the same cache directory compiles nothing and trains the same."""
+    import ast
+    script = tmp_path / "train.py"
+    script.write_text(_CACHE_SCRIPT)
+    env = dict(os.environ, PJRT_DEVICE="CPU")
+    runs = [ast.literal_eval(subprocess.run([sys.executable, str(script), str(tmp_path / "cache")], env=env,
+                                            capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
+            for _ in range(2)]
+    (l1, hits1, comp1), (l2, hits2, comp2) = runs
+    assert comp1 == 2 and hits1 == 0
+    assert comp2 == 0 and hits2 == 2
+    assert l1 == l2
+    torch.manual_seed(0)  # and both equal eager CPU training from the same weights
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    x, y = torch.randn(4, 8), torch.randint(0, 2, (4,))
+    ref = []
+    for _ in range(3):
+        opt.zero_grad(); loss = torch.nn.functional.cross_entropy(m(x), y); loss.backward(); opt.step()
+        ref.append(loss.item())
+    torch.testing.assert_close(torch.tensor(l1), torch.tensor(ref), rtol=1e-5, atol=1e-6)

@@ -95,6 +95,7 @@ def initialize_cache(path: str, readonly: bool = False) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     if readonly:
-        # jax has no read-only switch: point writes at a private scratch directory.
         _cache_state["readonly"] = True
     _cache_state["path"] = path
+    from ._engine import exec_cache
+    exec_cache.configure(path, readonly)

@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from . import ir, metrics, process_group, runtime
+from . import exec_cache, ir, metrics, process_group, runtime
 from .lowering import LOWERINGS, ctx as lowering_ctx
 from .tensor import XlaState, pending
 
@@ -226,6 +226,13 @@ def _donatable(graph: Graph, roots_states) -> tuple:
 
 def _compile(graph: Graph, args, donate):
     jax = runtime.jax_module()
+    pkey = None
+    if exec_cache.enabled() and not graph.replicated:
+        pkey = exec_cache.key(graph, tuple(donate))
+        if pkey is not None:
+            exe = exec_cache.load(pkey)
+            if exe is not None:
+                return Executable(exe, donate)
     fn = graph.build_fn()
     if graph.replicated:
         fn = _replicated(fn, graph)
@@ -234,6 +241,8 @@ def _compile(graph: Graph, args, donate):
         lowered = jax.jit(fn, donate_argnums=donate, keep_unused=True).lower(*args)
         compiled = lowered.compile()
     metrics.inc("UncachedCompile")
+    if pkey is not None:
+        exec_cache.store(pkey, compiled)
     _release_heap()
     return Executable(compiled, donate)
 
