@@ -595,3 +595,19 @@ def test_donation_with_shared_pending_graph(monkeypatch):
     yc = y.cpu()
     assert_same(yc, cy)
     assert_same(rm, cm.running_mean)
+
+
+def test_max_pool_tiling_windows_values_indices_grads():
+    """Windows that tile the input (stride == kernel) take a reshape/elementwise path:
+    values, indices (first max on ties, NaN wins) and gradients as on the CPU."""
+    from helpers import check_flat
+    import torch.nn.functional as F
+    torch.manual_seed(0)
+    x2 = torch.randn(2, 3, 9, 8)
+    x2[0, 0, 0, 0] = float("nan")
+    x2[1, 1, :2, :2] = 1.5  # a tie inside one window
+    check_flat(lambda a: F.max_pool2d(a, 2, return_indices=True), x2, grad=True)
+    check_flat(lambda a: F.max_pool2d(a, (3, 2), return_indices=True), x2, grad=True)
+    check_flat(lambda a: F.max_pool1d(a, 3, return_indices=True), torch.randn(2, 4, 10), grad=True)
+    check_flat(lambda a: F.max_pool3d(a, 2, return_indices=True), torch.randn(1, 2, 4, 5, 6), grad=True)
+    check_flat(lambda a: F.max_pool2d(a, 2, ceil_mode=True, return_indices=True), x2, grad=True)

@@ -208,13 +208,51 @@ def _lowest(dt):
     return jnp.array(jnp.iinfo(dt).min, dt)
 
 
-def _max_windows(x, idxs, valids):
+def _tiled(k, s, p, d, osz, isz):
+    """Windows that tile the input (stride == kernel, no padding or dilation): they can be
+    cut out with a reshape instead of a gather, and the backward needs no scatter."""
+    return all(s[i] == k[i] and p[i] == 0 and d[i] == 1 and osz[i] * k[i] <= isz[i] for i in range(len(k)))
+
+
+def _tile_windows(x, k, osz):
+    """x (..., S1..Sn) -> (..., O1..On, K1*..*Kn) for tiling windows (the gather's order)."""
+    n = len(k)
+    lead = x.shape[:-n]
+    x = x[(Ellipsis,) + tuple(slice(0, o * kk) for o, kk in zip(osz, k))]
+    y = x.reshape(lead + tuple(v for o, kk in zip(osz, k) for v in (o, kk)))
+    nl = len(lead)
+    perm = list(range(nl)) + [nl + 2 * i for i in range(n)] + [nl + 2 * i + 1 for i in range(n)]
+    return jnp.transpose(y, perm).reshape(lead + tuple(osz) + (int(np.prod(k)),))
+
+
+def _tiled_backward(g, x, indices, k):
+    """Max-pool gradient for tiling windows: each input element takes its window's
+    gradient where it is the window's recorded argmax (elementwise, no scatter)."""
+    n = len(k)
+    isz = x.shape[-n:]
+    gu, iu = g, indices
+    for i in range(n):
+        ax = g.ndim - n + i
+        gu, iu = jnp.repeat(gu, k[i], ax), jnp.repeat(iu, k[i], ax)
+    pad = [(0, 0)] * (g.ndim - n) + [(0, isz[i] - gu.shape[g.ndim - n + i]) for i in range(n)]
+    gu, iu = jnp.pad(gu, pad), jnp.pad(iu, pad, constant_values=-1)
+    pos = np.zeros((), np.int64)
+    for i in range(n):
+        shape = [1] * n
+        shape[i] = isz[i]
+        pos = pos + np.arange(isz[i]).reshape(shape) * int(np.prod(isz[i + 1:]))
+    return jnp.where(iu == jnp.asarray(pos), gu, jnp.zeros((), g.dtype))
+
+
+def _max_windows(x, idxs, valids, tiled=None):
     """Max over windows and the flat input-plane index of the (first) max."""
     n = len(idxs)
     in_sizes = x.shape[-n:]
-    win = _gather_windows(x, idxs)
-    valid = _combine_valid(valids)
-    win = jnp.where(valid, win, _lowest(x.dtype))
+    if tiled is not None:
+        win = _tile_windows(x, *tiled)
+    else:
+        win = _gather_windows(x, idxs)
+        win = jnp.where(_combine_valid(valids), win, _lowest(x.dtype))
     if jnp.issubdtype(x.dtype, jnp.floating):
         # NaN counts as the maximum (as in PyTorch)
         isn = jnp.isnan(win)
@@ -237,7 +275,8 @@ def _max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, nsp):
     osz = out_shape(0)[-nsp:]
     isz = x.shape[-nsp:]
     idxs, valids = zip(*[_window_index(isz[i], osz[i], k[i], s[i], p[i], d[i]) for i in range(nsp)])
-    return _max_windows(x, list(idxs), list(valids))
+    tiled = (k, osz) if _tiled(k, s, p, d, osz, isz) else None
+    return _max_windows(x, list(idxs), list(valids), tiled)
 
 
 def _index_backward(g, x, indices, nsp):
@@ -261,14 +300,22 @@ def max_pool3d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ce
     return _max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, 3)
 
 
+def _max_pool_backward(g, x, kernel_size, stride, padding, dilation, indices, nsp):
+    k, p, d = _tup(kernel_size, nsp), _tup(padding, nsp), _tup(dilation, nsp)
+    s = _tup(stride, nsp, k)
+    if _tiled(k, s, p, d, g.shape[-nsp:], x.shape[-nsp:]):
+        return _tiled_backward(g, x, indices, k)
+    return _index_backward(g, x, indices, nsp)
+
+
 @lowering("aten::max_pool2d_with_indices_backward")
 def max_pool2d_with_indices_backward(g, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
-    return _index_backward(g, x, indices, 2)
+    return _max_pool_backward(g, x, kernel_size, stride, padding, dilation, indices, 2)
 
 
 @lowering("aten::max_pool3d_with_indices_backward")
 def max_pool3d_with_indices_backward(g, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
-    return _index_backward(g, x, indices, 3)
+    return _max_pool_backward(g, x, kernel_size, stride, padding, dilation, indices, 3)
 
 
 def _avg_pool_fn(xshape, osz, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, nsp):
