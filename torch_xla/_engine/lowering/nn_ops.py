@@ -261,6 +261,18 @@ def _max_windows(x, idxs, valids, tiled=None):
     else:
         am = jnp.argmax(win, axis=-1)
     val = jnp.take_along_axis(win, am[..., None], axis=-1)[..., 0]
+    if tiled is not None:
+        # The input position of window offset `am`, by arithmetic instead of a gather.
+        k, osz = tiled
+        am = am.astype(jnp.int64)
+        ind = jnp.zeros((), jnp.int64)
+        for i in range(n):
+            r = (am // int(np.prod(k[i + 1:]))) % k[i]
+            shape = [1] * n
+            shape[i] = osz[i]
+            pos = jnp.asarray(np.arange(osz[i]).reshape(shape) * k[i]) + r
+            ind = ind + pos * int(np.prod(in_sizes[i + 1:]))
+        return val, ind
     flat = jnp.asarray(_flat_index(idxs, in_sizes))
     flat_b = jnp.broadcast_to(flat, am.shape + flat.shape[-1:])
     ind = jnp.take_along_axis(flat_b, am[..., None], axis=-1)[..., 0]
