@@ -141,7 +141,11 @@ def cdist_forward(x1, x2, p, compute_mode=None):
         return jnp.zeros(out_shape(), dt)
     if _cdist_uses_mm(p, x1.shape[-2], x2.shape[-2], compute_mode):
         return euclidean_dist(x1, x2)  # |a|^2 + |b|^2 - 2 a.b (PyTorch's matrix-product path)
-    diff = jnp.abs(x1[..., :, None, :] - x2[..., None, :, :])
+    return _p_norm_last(jnp.abs(x1[..., :, None, :] - x2[..., None, :, :]), p)
+
+
+def _p_norm_last(diff, p):
+    """The p-norm over the last axis of non-negative differences (cdist/pdist's sums)."""
     if p == 0:
         return jnp.sum((diff != 0).astype(diff.dtype), axis=-1)
     if p == float("inf"):
@@ -559,16 +563,7 @@ def pdist_forward(x, p=2.0):
     if i.size == 0 or x.shape[1] == 0:
         return jnp.zeros(out_shape(), dt)
     x = x.astype(dt)
-    diff = jnp.abs(x[i] - x[j])
-    if p == 0:
-        return jnp.sum((diff != 0).astype(dt), axis=-1)
-    if p == float("inf"):
-        return jnp.max(diff, axis=-1)
-    if p == 1:
-        return jnp.sum(diff, axis=-1)
-    if p == 2:
-        return jnp.sqrt(jnp.sum(diff * diff, axis=-1))
-    return jnp.sum(diff ** p, axis=-1) ** (1.0 / p)
+    return _p_norm_last(jnp.abs(x[i] - x[j]), p)
 
 
 @lowering("aten::_pdist_backward")

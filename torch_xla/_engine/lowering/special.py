@@ -312,24 +312,16 @@ def _k(x, order, scaled):
     return r.astype(x.dtype)
 
 
-@lowering("aten::special_modified_bessel_k0", promote=True, opmath=True)
-def special_modified_bessel_k0(x):
-    return _k(_fp(x), 0, False)
+def _register_order_family(fn, names):
+    """Registers `fn(x, order, flag)` for each (aten name, order, flag)."""
+    for name, order, flag in names:
+        lowering("aten::" + name, promote=True, opmath=True)(
+            (lambda o, f: lambda x: fn(_fp(x), o, f))(order, flag))
 
 
-@lowering("aten::special_modified_bessel_k1", promote=True, opmath=True)
-def special_modified_bessel_k1(x):
-    return _k(_fp(x), 1, False)
-
-
-@lowering("aten::special_scaled_modified_bessel_k0", promote=True, opmath=True)
-def special_scaled_modified_bessel_k0(x):
-    return _k(_fp(x), 0, True)
-
-
-@lowering("aten::special_scaled_modified_bessel_k1", promote=True, opmath=True)
-def special_scaled_modified_bessel_k1(x):
-    return _k(_fp(x), 1, True)
+_register_order_family(_k, (("special_modified_bessel_k0", 0, False), ("special_modified_bessel_k1", 1, False),
+                            ("special_scaled_modified_bessel_k0", 0, True),
+                            ("special_scaled_modified_bessel_k1", 1, True)))
 
 
 # ---- Bessel functions of the first and second kind -----------------------------------------
@@ -393,24 +385,8 @@ def _bessel(x, order, second):
     return r.astype(x.dtype)
 
 
-@lowering("aten::special_bessel_j0", promote=True, opmath=True)
-def special_bessel_j0(x):
-    return _bessel(_fp(x), 0, False)
-
-
-@lowering("aten::special_bessel_j1", promote=True, opmath=True)
-def special_bessel_j1(x):
-    return _bessel(_fp(x), 1, False)
-
-
-@lowering("aten::special_bessel_y0", promote=True, opmath=True)
-def special_bessel_y0(x):
-    return _bessel(_fp(x), 0, True)
-
-
-@lowering("aten::special_bessel_y1", promote=True, opmath=True)
-def special_bessel_y1(x):
-    return _bessel(_fp(x), 1, True)
+_register_order_family(_bessel, (("special_bessel_j0", 0, False), ("special_bessel_j1", 1, False),
+                                 ("special_bessel_y0", 0, True), ("special_bessel_y1", 1, True)))
 
 
 @lowering("aten::special_spherical_bessel_j0", promote=True, opmath=True)
