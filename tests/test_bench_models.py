@@ -25,7 +25,9 @@ def _tiny(name):
                                num_attention_heads=4, num_key_value_heads=2, vocab_size=64,
                                max_seq=16)
         return mt.decoder_workload(batch=2, seq=16, cfg=cfg)
-    return mt.resnet_workload(batch=4, size=32, width=8)
+    # 64x64 so the last stage's BatchNorm sees 2x2 positions per sample: at 32x32 it
+    # normalises over 4 values, which amplifies rounding differences chaotically.
+    return mt.resnet_workload(batch=4, size=64, width=8)
 
 
 def _rel(a, b):
