@@ -173,6 +173,35 @@ def test_conv_transpose1d_3d():
     check(lambda x, w: F.conv_transpose3d(x, w, stride=2), torch.randn(1, 2, 3, 2, 3), torch.randn(2, 3, 2, 2, 2))
 
 
+# The CPU formulations of convolution (lowering/conv_cpu.py), forward and both gradients:
+# patches (im2col) and, for large patch matrices, XLA's own convolution.
+_CPU_CONV_CASES = [
+    (True, (4, 1, 28, 28), (10, 1, 5, 5), 1, 0, 1),
+    (True, (2, 1, 10, 10), (3, 1, 3, 3), 2, 1, 2),
+    (True, (2, 3, 32, 32), (8, 3, 7, 7), 2, 3, 1),
+    (True, (2, 16, 2, 2), (16, 16, 3, 3), 1, 1, 1),      # input smaller than the kernel
+    (True, (2, 8, 9, 9), (16, 8, 3, 3), 2, 1, 1),
+    (True, (2, 4, 11, 11), (6, 4, 3, 3), 1, 2, 2),
+    (True, (2, 3, 17), (5, 3, 4), 3, 1, 1),
+    (True, (1, 2, 5, 6, 7), (3, 2, 2, 3, 2), (1, 2, 1), 1, 1),
+    (False, (2, 4, 11, 12), (6, 4, 3, 3), 1, 2, 2),     # (a shape no other case compiles)
+]
+
+
+@pytest.mark.parametrize("im2col,xs,ws,stride,padding,dilation", _CPU_CONV_CASES)
+def test_conv_cpu_formulations(monkeypatch, im2col, xs, ws, stride, padding, dilation):
+    from torch_xla._engine.lowering import conv_cpu
+    if not im2col:
+        monkeypatch.setattr(conv_cpu, "PATCH_BYTES_MAX", 0)   # XLA's convolution
+    nsp = len(xs) - 2
+    tup = lambda v: (v,) * nsp if isinstance(v, int) else tuple(v)
+    assert conv_cpu.use_im2col(xs, ws, tup(stride), tup(padding), tup(dilation)) == im2col
+    conv = (F.conv1d, F.conv2d, F.conv3d)[nsp - 1]
+    check(lambda x, w, b: conv(x, w, b, stride=stride, padding=padding, dilation=dilation),
+          torch.randn(xs), torch.randn(ws), torch.randn(ws[0]), rtol=1e-4, atol=1e-4)
+    torch_xla.sync()   # lower while the patched limit is in force
+
+
 def test_conv_module_no_input_grad():
     m = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 2, 1, bias=False))
     check_module(m, torch.randn(2, 3, 6, 6))

@@ -16,7 +16,8 @@ import numpy as np
 import torch
 from jax import lax
 
-from . import ctx, lowering, out_dtype, out_shape
+from . import conv_cpu, ctx, lowering, out_dtype, out_shape
+from .. import runtime
 
 _HI = lax.Precision.HIGHEST
 
@@ -86,10 +87,18 @@ def _dn(nsp):
     return ("NC" + sp, "OI" + sp, "NC" + sp)
 
 
+def _cpu_formulation(x, transposed, groups) -> bool:
+    """Whether conv_cpu's formulations apply: XLA:CPU, ungrouped, real floating point."""
+    return (not transposed and groups == 1 and 1 <= x.ndim - 2 <= 3
+            and jnp.issubdtype(x.dtype, jnp.floating) and runtime.platform() == "CPU")
+
+
 def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     nsp = x.ndim - 2
     stride, padding, dilation = _tup(stride, nsp), _tup(padding, nsp), _tup(dilation, nsp)
     prec = _HI
+    if _cpu_formulation(x, transposed, groups):
+        return conv_cpu.conv_forward(x, w, stride, padding, dilation)
     if not transposed:
         return lax.conv_general_dilated(x, w, stride, [(p, p) for p in padding], rhs_dilation=dilation,
                                         dimension_numbers=_dn(nsp), feature_group_count=groups, precision=prec)
@@ -142,9 +151,14 @@ def _convolution(x, w, b, stride, padding, dilation, transposed, output_padding,
 @lowering("aten::convolution_backward", meta=_meta_fill("convolution_backward"))
 def convolution_backward(g, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
                          output_mask=(True, True, True)):
-    f = lambda xx, ww: _conv(xx, ww, stride, padding, dilation, transposed, output_padding, groups)
-    _, vjp = jax.vjp(f, x, w.astype(x.dtype))
-    gx, gw = vjp(g.astype(x.dtype))
+    if _cpu_formulation(x, transposed, groups):
+        nsp = x.ndim - 2
+        gx, gw = conv_cpu.conv_backward(g.astype(x.dtype), x, w.astype(x.dtype), _tup(stride, nsp),
+                                        _tup(padding, nsp), _tup(dilation, nsp), _has_out(0), _has_out(1))
+    else:
+        f = lambda xx, ww: _conv(xx, ww, stride, padding, dilation, transposed, output_padding, groups)
+        _, vjp = jax.vjp(f, x, w.astype(x.dtype))
+        gx, gw = vjp(g.astype(x.dtype))
     gb = jnp.sum(g, axis=(0,) + tuple(range(2, g.ndim))) if _has_out(2) else None
     return _fill((gx if _has_out(0) else None, gw if _has_out(1) else None, gb))
 
