@@ -252,11 +252,20 @@ def _resnet_sync_loop(model, optimizer, data, scheduler=None, on_step=None):
 
 def test_resnet_matches_cpu():
     cpu, xla, copt, xopt = _resnet_setup()
+    # The same training in float64 on the CPU: the reference both float32 runs approach.
+    # After 20 steps eager CPU float32 is 1.1e-4 away from it on the stem's weights (its
+    # 3x3 convolution sums in another order), this device 6e-8: against the float32 CPU
+    # the parameters are compared with that drift allowed, against float64 tightly.
+    drift = dict(rtol=1e-4, atol=3e-4)
+    c64 = copy.deepcopy(cpu).double()
+    o64 = torch.optim.SGD(c64.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
     data = models.image_data(STEPS)
     closs = _cpu_train(cpu, copt, data, F.cross_entropy)
+    _cpu_train(c64, o64, [(x.double(), y) for x, y in data], F.cross_entropy)
     xloss = _resnet_sync_loop(xla, xopt, data)
     _assert_losses_close(xloss, closs, **LOSS_TOL)
-    _assert_state_close(xla, cpu, **RESNET_PARAM_TOL)
+    _assert_state_close(xla, cpu, **drift)
+    _assert_state_close(xla, c64.float(), **RESNET_PARAM_TOL)
 
     # eval(): batchnorm uses (and does not update) the running statistics
     cpu.eval()
@@ -266,12 +275,12 @@ def test_resnet_matches_cpu():
         cout = cpu(x)
         xout = xla(x.to(_dev()))
     torch_xla.sync()
-    torch.testing.assert_close(xout.cpu(), cout, **RESNET_PARAM_TOL)
-    _assert_state_close(xla, cpu, **RESNET_PARAM_TOL)
+    torch.testing.assert_close(xout.cpu(), cout, **drift)
+    _assert_state_close(xla, cpu, **drift)
     # eval() forward with autograd on, too
     cout = cpu(x)
     xout = xla(x.to(_dev()))
-    torch.testing.assert_close(xout.detach().cpu(), cout.detach(), **RESNET_PARAM_TOL)
+    torch.testing.assert_close(xout.detach().cpu(), cout.detach(), **drift)
 
 
 def test_resnet_eval_before_training_matches_cpu():
