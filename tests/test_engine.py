@@ -65,6 +65,36 @@ def test_operand_binding_is_part_of_the_key():
     assert r2.tolist() == [11.0, 22.0]
 
 
+def test_static_args_with_colliding_python_hashes_get_their_own_graphs():
+    # hash(-1) == hash(-2) and 2 == 2.0 in Python: the graph cache must still tell
+    # x.sum(-1) from x.sum(-2), and an int tensor's pow(2) from pow(2.0).
+    x = torch.randn(5, 5)
+    xx = x.to(xm.xla_device())
+    for dim in (-1, -2, -1):
+        assert_same(xx.sum(dim).cpu(), x.sum(dim))
+        assert_same(xx.softmax(dim).cpu(), x.softmax(dim))
+    i = torch.arange(6).reshape(2, 3)
+    ii = i.to(xm.xla_device())
+    for e in (2, 2.0, True, 1):
+        r = ii.pow(e).cpu()
+        assert r.dtype == i.pow(e).dtype
+        assert_same(r, i.pow(e))
+
+
+def test_pow_scalar_exponents_match_cpu_edge_cases():
+    # Exponents that are part of the program: the ones the CPU kernel computes by other
+    # functions (sqrt, rsqrt, products, reciprocals) keep its edge cases.
+    x = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), -2.5, 1e-30, 3e10, 0.7])
+    for e in (2, 2.0, 3, 0.5, -0.5, -1, -2.0, 0, 1, 1.7, -3.3, 4.0):
+        got = x.to(xm.xla_device()).pow(e).cpu()
+        torch.testing.assert_close(got, x.pow(e), equal_nan=True, rtol=3e-6, atol=0)
+        a = x[5:].clone().requires_grad_()
+        b = x[5:].to(xm.xla_device()).requires_grad_()
+        a.pow(e).sum().backward()
+        b.pow(e).sum().backward()
+        torch.testing.assert_close(b.grad.cpu(), a.grad, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
 def test_overwritten_parameter_buffer_is_donated_and_values_stay_right():
     w = torch.randn(64, 64)
     g = torch.randn(64, 64)

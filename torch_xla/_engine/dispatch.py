@@ -170,6 +170,7 @@ class OpKernel:
                 if type(v) is list:
                     v = _freeze(v)
                 argv.append(v)
+                key.append(type(v))  # 2 == 2.0 == True, but they may give other dtypes
                 key.append(v)
             elif kind == S or kind == OS:
                 tv = type(v)
@@ -434,7 +435,7 @@ def _specialise(k: OpKernel):
             argv.append(f"_r{i}")
         elif kind == X:
             lines.append(f"_x{i} = freeze({v}) if type({v}) is list else {v}")
-            key.append(f"_x{i}")
+            key += [f"type(_x{i})", f"_x{i}"]
             argv.append(f"_x{i}")
         else:  # S / OS: 0 and 1 are constants (unless NOSPECIAL), other numbers parameters
             scalars.append((i, v))

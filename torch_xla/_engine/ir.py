@@ -15,6 +15,7 @@ Leaves:
 """
 from __future__ import annotations
 
+import itertools
 from typing import Any, Callable, Optional, Tuple
 
 import numpy as np
@@ -48,9 +49,17 @@ def ref(i: int) -> Ref:
     return REFS[i] if i < 512 else Ref(i)
 
 
+_entry_ids = itertools.count()
+
+
 def node_base(op: str, avals: tuple, info=None) -> int:
-    """The part of a node's hash that depends on neither its operands nor its args."""
-    return hash((op, avals, info))
+    """The part of a node's hash that depends on neither its operands nor its args.
+
+    Kernels call this once per shape entry (op, input avals, static args, compared by
+    equality), and each call is unique: two entries never share a base, so static
+    arguments whose Python hashes collide (hash(-1) == hash(-2), 2 == 2.0) still give
+    different nodes and graph keys."""
+    return hash((op, avals, info, next(_entry_ids)))
 
 
 class Node:
@@ -66,7 +75,9 @@ class Node:
         self.lowering = lowering
         self.info = info  # per-node extra data (e.g. the compute dtype), part of the hash
         # `base` is node_base(op, avals, info), which kernels cache per shape entry.
-        h = hash((hash((op, avals, info)) if base is None else base, args))
+        # Without a kernel's base the args are hashed by their text too: Python's hash
+        # maps -1 and -2 (and equal ints and floats) to one value.
+        h = hash((hash((op, avals, info, repr(args))) if base is None else base, args))
         for n, i in operands:
             h = hash((h, n.hash, i))
         self.hash = h
@@ -132,7 +143,7 @@ class Constant(Node):
         if isinstance(value, np.ndarray):
             key = (value.shape, str(value.dtype), value.tobytes())
         else:
-            key = value
+            key = (type(value), repr(value))
         self.hash = hash(("const", key, aval))
 
     @property

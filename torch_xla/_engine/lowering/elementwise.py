@@ -80,11 +80,36 @@ def fmod(x, y):
     return jnp.fmod(x, y)
 
 
-@lowering("aten::pow.Tensor_Tensor", "aten::pow.Tensor_Scalar", "aten::pow.Scalar", promote=True)
+@lowering("aten::pow.Tensor_Tensor", "aten::pow.Scalar", promote=True)
 def pow_(x, y):
     if not _is_float(x) and not jnp.issubdtype(jnp.result_type(x), jnp.complexfloating):
         return lax.integer_pow(x, y) if isinstance(y, int) else jnp.power(x, y)
     return jnp.power(x, y)
+
+
+# A scalar exponent is part of the program, not a parameter: XLA then computes x**2 as
+# x*x and x**0.5 as sqrt instead of exp(y*log(x)) per element (RMSNorm's x.pow(2) and its
+# gradient's x.pow(1) cost 130 ms of the decoder benchmark's step as general powers).
+@lowering("aten::pow.Tensor_Scalar", promote=True, static=("exponent",))
+def pow_tensor_scalar(x, exponent):
+    if isinstance(exponent, bool):
+        exponent = int(exponent)
+    if not _is_float(x):
+        if jnp.issubdtype(jnp.result_type(x), jnp.complexfloating):
+            return jnp.power(x, jnp.asarray(exponent, x.dtype))
+        return jnp.power(x, exponent)
+    # The exponents PyTorch's CPU kernel computes by other functions (same edge cases:
+    # (-0) ** 0.5 is -0 and (-inf) ** 0.5 is nan, as sqrt gives).
+    e = float(exponent)
+    if e == 0.5:
+        return jnp.sqrt(x)
+    if e == -0.5:
+        return lax.rsqrt(x)
+    if e in (2.0, 3.0):
+        return lax.integer_pow(x, int(e))
+    if e in (-1.0, -2.0):
+        return 1 / lax.integer_pow(x, -int(e))
+    return jnp.power(x, jnp.asarray(e, x.dtype))
 
 
 @lowering("aten::neg", promote=True)
