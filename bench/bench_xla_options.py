@@ -3,7 +3,7 @@
     PJRT_DEVICE=CPU python bench/bench_xla_options.py --model decoder \\
         --variants '{"default": {}, "no-ynn": {"xla_cpu_experimental_ynn_fusion_type": ""}}'
 
-Traces one training step of a benchmark model (bench/models_torch.py) on the xla
+Traces one training step (or, with --inference, one forward) of a benchmark model (bench/models_torch.py) on the xla
 device, lowers it once, compiles it once per variant (`Lowered.compile(compiler_options=
 ...)`: XLA debug options by name) and runs the executables in alternation (A, B, A, B,
 ...) on the same buffers, so the drift of a shared machine hits every variant alike.
@@ -27,6 +27,7 @@ def main(argv=None):
     p.add_argument("--variants", default='{"default": {}, "no-ynn": {"xla_cpu_experimental_ynn_fusion_type": ""}}',
                    help="JSON object: variant name -> {XLA option: value}")
     p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--inference", action="store_true", help="the forward only (eval, no_grad)")
     p.add_argument("--quick", action="store_true", help="quick sizes, 2 rounds")
     args = p.parse_args(argv)
     import jax
@@ -49,6 +50,10 @@ def main(argv=None):
     x, y = x.to(dev), y.to(dev)
 
     def trace():
+        if args.inference:
+            model.eval()
+            with torch.no_grad():
+                return model(x)
         opt.zero_grad()
         loss = wl.loss_fn(model, x, y)
         loss.backward()
@@ -58,7 +63,7 @@ def main(argv=None):
         trace()
         xm.mark_step()
     xm.wait_device_ops()
-    trace()
+    out = trace()  # noqa: F841  (keeps the forward's result alive as a root)
     roots, seen = [], set()
     for s in pending.take_live():
         if type(s.node) is not ir.DeviceData and (id(s.node), s.idx) not in seen:
@@ -70,7 +75,8 @@ def main(argv=None):
 
     exes = {}
     print(f"`PJRT_DEVICE=CPU python bench/bench_xla_options.py --model {args.model} "
-          f"--variants '{args.variants}'{' --quick' if args.quick else ''}`\n")
+          f"--variants '{args.variants}'{' --inference' if args.inference else ''}"
+          f"{' --quick' if args.quick else ''}`\n")
     print("| variant | options | compile s | step ms (median) | step ms (min) |")
     print("|---|---|---|---|---|")
     compile_s = {}
