@@ -239,12 +239,35 @@ def _compile(graph: Graph, args, donate):
         donate = ()
     with metrics.timed("CompileTime"):
         lowered = jax.jit(fn, donate_argnums=donate, keep_unused=True).lower(*args)
-        compiled = lowered.compile()
+        opts = compiler_options(graph)
+        compiled = lowered.compile(compiler_options=opts) if opts else lowered.compile()
     metrics.inc("UncachedCompile")
     if pkey is not None:
         exec_cache.store(pkey, compiled)
     _release_heap()
     return Executable(compiled, donate)
+
+
+_BIG_BMM_BYTES = 16 << 20
+_YNN_OPTION = "xla_cpu_experimental_ynn_fusion_type"
+
+
+def compiler_options(graph: Graph) -> dict:
+    """XLA options for this program beyond the process-wide XLA_FLAGS.
+
+    On CPU, XLA's YNNPACK fusions make attention-shaped programs slower (batched matrix
+    products with large outputs: the decoder benchmark's step 7%, its forward 21%,
+    `bench/bench_xla_options.py`) while they speed up convolution networks (ResNet-18
+    step 33%). Programs with such a product compile without them, unless XLA_FLAGS
+    chooses."""
+    if runtime.platform() != "CPU" or _YNN_OPTION in os.environ.get("XLA_FLAGS", ""):
+        return {}
+    for n in graph.order:
+        if n.op == "aten::bmm" or n.op == "aten::baddbmm":
+            shape, dtype = n.avals[0]
+            if int(np.prod(shape)) * dtype.itemsize >= _BIG_BMM_BYTES:
+                return {_YNN_OPTION: ""}
+    return {}
 
 
 def _release_heap() -> None:
