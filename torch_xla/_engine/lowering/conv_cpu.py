@@ -7,13 +7,13 @@ emits a naive loop nest. Measured on this project's 2-core machine
 the patches in the cases that matter:
 
 - an input smaller than the kernel (ResNet's last stage: 2x2 maps, 3x3 kernels): a
-  32x512x2x2 forward takes 430 ms, as a matrix product 6 ms;
-- the input gradient of a strided convolution (an lhs-dilated convolution): 107 ms vs 3 ms;
-- few input channels (MNIST's first layer): Eigen contracts 25 values per output at
-  5 GFLOP/s.
+  32x512x2x2 forward takes 419 ms, as a matrix product 9.5 ms;
+- the input gradient of a strided convolution (an lhs-dilated convolution): 108 ms vs
+  8.5 ms;
+- one input channel (MNIST's first layer): its input gradient 16.4 vs 4.1 ms.
 
-Whole steps: MNIST 22 -> 13-17 ms of device time, ResNet-18 at 64x64 1.9 -> 0.6 s.
-A shifted-slices sum for one input channel was faster alone but slower inside the MNIST
+Whole steps (`bench/bench_training.py`): MNIST 1.0x -> 1.5-1.9x the original torch_xla,
+ResNet-18 at 64x64 15.6 -> 56 samples/s. A shifted-slices sum for one input channel was faster alone but slower inside the MNIST
 step, so every ungrouped convolution on CPU takes the patches, forward and backward
 (`jax.vjp` of the same function, so they agree; the input gradient becomes slices and
 pads, never an lhs-dilated convolution). Only where the patch matrix would be large (big
@@ -25,7 +25,6 @@ from __future__ import annotations
 import itertools
 import math
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -60,11 +59,17 @@ def conv_im2col(x, w, stride, padding, dilation):
     return jnp.moveaxis(y, -1, 1)
 
 
-def conv_lax(x, w, stride, padding, dilation):
-    nsp = x.ndim - 2
+def dimension_numbers(nsp: int):
+    """PyTorch's layouts (NC..., OI..., NC...) for `nsp` spatial dims."""
     sp = "DHW"[3 - nsp:]
+    return ("NC" + sp, "OI" + sp, "NC" + sp)
+
+
+def conv_lax(x, w, stride, padding, dilation, groups=1):
+    """XLA's own convolution in PyTorch's layouts."""
     return lax.conv_general_dilated(x, w, stride, [(p, p) for p in padding], rhs_dilation=dilation,
-                                    dimension_numbers=("NC" + sp, "OI" + sp, "NC" + sp), precision=_HI)
+                                    dimension_numbers=dimension_numbers(x.ndim - 2),
+                                    feature_group_count=groups, precision=_HI)
 
 
 def use_im2col(x_shape, w_shape, stride, padding, dilation, itemsize: int = 4) -> bool:
@@ -85,18 +90,6 @@ def _impl(x, w, stride, padding, dilation):
 
 
 def conv_forward(x, w, stride, padding, dilation):
-    """An ungrouped forward convolution (NC..., OI...) in the CPU's better formulation."""
+    """An ungrouped forward convolution (NC..., OI...) in the CPU's better formulation.
+    Its gradients are `jax.vjp` of this function (nn_ops.convolution_backward)."""
     return _impl(x, w, stride, padding, dilation)(x, w, stride, padding, dilation)
-
-
-def conv_backward(g, x, w, stride, padding, dilation, want_input: bool, want_weight: bool):
-    """(grad_input, grad_weight) of an ungrouped convolution on CPU (None where unwanted)."""
-    f = _impl(x, w, stride, padding, dilation)
-    gx = gw = None
-    if want_input:
-        _, vjp = jax.vjp(lambda xx: f(xx, w, stride, padding, dilation), x)
-        gx, = vjp(g)
-    if want_weight:
-        _, vjp = jax.vjp(lambda ww: f(x, ww, stride, padding, dilation), w)
-        gw, = vjp(g)
-    return gx, gw

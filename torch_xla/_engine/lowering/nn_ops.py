@@ -82,11 +82,6 @@ def _grad_scale(g, x, reduction):
 
 # ---- convolution -----------------------------------------------------------------------
 
-def _dn(nsp):
-    sp = "DHW"[3 - nsp:] if nsp <= 3 else None
-    return ("NC" + sp, "OI" + sp, "NC" + sp)
-
-
 def _cpu_formulation(x, transposed, groups) -> bool:
     """Whether conv_cpu's formulations apply: XLA:CPU, ungrouped, real floating point."""
     return (not transposed and groups == 1 and 1 <= x.ndim - 2 <= 3
@@ -100,8 +95,7 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     if _cpu_formulation(x, transposed, groups):
         return conv_cpu.conv_forward(x, w, stride, padding, dilation)
     if not transposed:
-        return lax.conv_general_dilated(x, w, stride, [(p, p) for p in padding], rhs_dilation=dilation,
-                                        dimension_numbers=_dn(nsp), feature_group_count=groups, precision=prec)
+        return conv_cpu.conv_lax(x, w, stride, padding, dilation, groups)
     output_padding = _tup(output_padding, nsp, (0,))
     cin, coutg = w.shape[0], w.shape[1]
     k = w.shape[2:]
@@ -112,7 +106,8 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op)
             for kk, d, p, op in zip(k, dilation, padding, output_padding)]
     return lax.conv_general_dilated(x, wt, (1,) * nsp, pads, lhs_dilation=stride, rhs_dilation=dilation,
-                                    dimension_numbers=_dn(nsp), feature_group_count=groups, precision=prec)
+                                    dimension_numbers=conv_cpu.dimension_numbers(nsp), feature_group_count=groups,
+                                    precision=prec)
 
 
 def _conv_meta(opname):
@@ -151,14 +146,10 @@ def _convolution(x, w, b, stride, padding, dilation, transposed, output_padding,
 @lowering("aten::convolution_backward", meta=_meta_fill("convolution_backward"))
 def convolution_backward(g, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
                          output_mask=(True, True, True)):
-    if _cpu_formulation(x, transposed, groups):
-        nsp = x.ndim - 2
-        gx, gw = conv_cpu.conv_backward(g.astype(x.dtype), x, w.astype(x.dtype), _tup(stride, nsp),
-                                        _tup(padding, nsp), _tup(dilation, nsp), _has_out(0), _has_out(1))
-    else:
-        f = lambda xx, ww: _conv(xx, ww, stride, padding, dilation, transposed, output_padding, groups)
-        _, vjp = jax.vjp(f, x, w.astype(x.dtype))
-        gx, gw = vjp(g.astype(x.dtype))
+    # _conv picks the CPU formulation itself: its vjp is that formulation's gradient.
+    f = lambda xx, ww: _conv(xx, ww, stride, padding, dilation, transposed, output_padding, groups)
+    _, vjp = jax.vjp(f, x, w.astype(x.dtype))
+    gx, gw = vjp(g.astype(x.dtype))
     gb = jnp.sum(g, axis=(0,) + tuple(range(2, g.ndim))) if _has_out(2) else None
     return _fill((gx if _has_out(0) else None, gw if _has_out(1) else None, gb))
 
