@@ -46,26 +46,9 @@ def _train_loop(wl, step_fn, checkpoints, total, read_loss):
 
 
 def worker_xla(wl, checkpoints, total):
-    import torch
-    import torch_xla
-    import torch_xla.core.xla_model as xm
     common.set_threads()
     stats = common.XlaCompileStats()
-    dev = torch_xla.device()
-    torch.manual_seed(0)
-    model = wl.make_model().to(dev)
-    model.train()
-    opt = wl.make_opt(model.parameters())
-    x, y = wl.make_batch(0)
-    x, y = x.to(dev), y.to(dev)
-
-    def step():
-        opt.zero_grad()
-        loss = wl.loss_fn(model, x, y)
-        loss.backward()
-        opt.step()
-        xm.mark_step()
-        return loss
+    step = common.xla_training_step(wl)
     rss, last = _train_loop(wl, step, checkpoints, total, lambda l: l.item())
     c, cs = stats.snapshot()
     return {"rss": rss, "last_loss": last, "compiles": c, "compile_s": cs,

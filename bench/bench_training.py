@@ -39,26 +39,10 @@ def _timed_rounds(step, sync, rounds, steps):
 
 
 def worker_xla(wl, warmup, rounds, steps):
-    import torch
-    import torch_xla
     import torch_xla.core.xla_model as xm
     common.set_threads()
     stats = common.XlaCompileStats()
-    dev = torch_xla.device()
-    torch.manual_seed(0)
-    model = wl.make_model().to(dev)
-    model.train()
-    opt = wl.make_opt(model.parameters())
-    x, y = wl.make_batch(0)
-    x, y = x.to(dev), y.to(dev)
-
-    def step():
-        opt.zero_grad()
-        loss = wl.loss_fn(model, x, y)
-        loss.backward()
-        opt.step()
-        xm.mark_step()
-        return loss
+    step = common.xla_training_step(wl)
 
     t0 = common.now()
     first_loss = step().item()

@@ -131,6 +131,31 @@ def xla_sync_device():
     xm.wait_device_ops()
 
 
+def xla_training_step(wl):
+    """A workload's training step on the xla device (this project or the original, through
+    the documented API only): weights from torch.manual_seed(0), one fixed batch, the
+    workload's optimizer. Returns step() -> loss; each step ends with xm.mark_step()."""
+    import torch
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    dev = torch_xla.device()
+    torch.manual_seed(0)
+    model = wl.make_model().to(dev)
+    model.train()
+    opt = wl.make_opt(model.parameters())
+    x, y = wl.make_batch(0)
+    x, y = x.to(dev), y.to(dev)
+
+    def step():
+        opt.zero_grad()
+        loss = wl.loss_fn(model, x, y)
+        loss.backward()
+        opt.step()
+        xm.mark_step()
+        return loss
+    return step
+
+
 # ---------------------------------------------------------------------------------------
 # worker side
 

@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from . import exec_cache, ir, metrics, process_group, runtime
+from . import exec_cache, host_memory, ir, metrics, process_group, runtime
 from .lowering import LOWERINGS, ctx as lowering_ctx
 from .tensor import XlaState, pending
 
@@ -31,11 +31,14 @@ _listeners = {"after_sync": []}
 
 
 class Executable:
-    __slots__ = ("compiled", "donated")
+    __slots__ = ("compiled", "donated", "temp")
 
     def __init__(self, compiled, donated):
         self.compiled = compiled
         self.donated = donated
+        # Its temporary buffer's bytes when dispatches of large programs are paced
+        # (host_memory), else 0.
+        self.temp = host_memory.temp_bytes(compiled) if host_memory.active() else 0
 
 
 class GraphCompileError(RuntimeError):
@@ -237,6 +240,8 @@ def _compile(graph: Graph, args, donate):
     if graph.replicated:
         fn = _replicated(fn, graph)
         donate = ()
+    host_memory.settle(release=True)
+    t0 = time.perf_counter()
     with metrics.timed("CompileTime"):
         lowered = jax.jit(fn, donate_argnums=donate, keep_unused=True).lower(*args)
         opts = compiler_options(graph)
@@ -244,7 +249,8 @@ def _compile(graph: Graph, args, donate):
     metrics.inc("UncachedCompile")
     if pkey is not None:
         exec_cache.store(pkey, compiled)
-    _release_heap()
+    if time.perf_counter() - t0 >= _RELEASE_AFTER_S:
+        _release_heap()
     return Executable(compiled, donate)
 
 
@@ -268,6 +274,11 @@ def compiler_options(graph: Graph) -> dict:
             if int(np.prod(shape)) * dtype.itemsize >= _BIG_BMM_BYTES:
                 return {_YNN_OPTION: ""}
     return {}
+
+
+# Only compilations this long leave enough garbage to be worth a trim (a trim walks the
+# whole heap; the test suite compiles thousands of small programs).
+_RELEASE_AFTER_S = 0.5
 
 
 def _release_heap() -> None:
@@ -408,8 +419,13 @@ def execute(states: List[XlaState], barrier: bool = False) -> None:
         _cache.setdefault(graph.key, []).append(exe)
     else:
         metrics.inc("CachedCompile")
+    large = exe.temp >= host_memory.LARGE_TEMP_BYTES
+    if large:
+        used_before = host_memory.before_dispatch(exe.temp)
     with metrics.timed("ExecuteTime"):
         outs = exe.compiled(*args)
+    if large:
+        host_memory.after_dispatch(exe.temp, used_before, outs)
     if replicated:
         outs = _from_global(outs, graph)
     del graph

@@ -48,6 +48,10 @@ def jax_module():
     with _lock:
         if _state["jax"] is None:
             _configure_env()
+            if os.environ.get("JAX_PLATFORMS", "").lower() == "cpu":
+                # Before the CPU client's threads first allocate (host_memory).
+                from . import host_memory
+                host_memory.configure()
             import jax
             jax.config.update("jax_enable_x64", True)
             from . import process_group
@@ -82,6 +86,9 @@ def platform() -> str:
         jax = jax_module()
         p = jax.default_backend()
         _state["platform"] = {"cpu": "CPU", "gpu": "CUDA", "cuda": "CUDA", "rocm": "ROCM", "tpu": "TPU"}.get(p, p.upper())
+        if _state["platform"] == "CPU":
+            from . import host_memory
+            host_memory.configure()
     return _state["platform"]
 
 

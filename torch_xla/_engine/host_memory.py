@@ -1,0 +1,137 @@
+"""Host memory on the CPU device: a step's large buffers stay resident for the next step.
+
+On the CPU device XLA's buffers are C-heap memory. glibc serves a request over its mmap
+threshold (at most 32 MiB), and every large request of a thread other than the main one,
+with a fresh `mmap` and returns it with `munmap` on free, so each execution of a program
+with a large temporary buffer touches all of it anew: one page fault per 4 KiB. The
+decoder training step of bench/ allocates a 1.15 GiB temporary buffer per execution,
+about 300,000 faults per step, and a first touch costs about 4 us per page on this kind
+of virtual machine (`bench/bench_host_memory.py`).
+
+`configure()` keeps the memory instead: one malloc arena for all threads (a non-main
+arena cannot hold more than 64 MiB), no mmap, no trimming of the heap's top. Freed
+buffers go back to the heap and the next execution reuses the same pages.
+
+A heap that keeps what it is given holds the peak of what was live at once, so the
+executor must not let two large temporary buffers coexist: XLA allocates a program's
+temporary buffer when it is dispatched and frees it a few milliseconds after its outputs
+are ready. `before_dispatch()` therefore waits, before a program is dispatched, until the
+previous large program's temporary buffer is free. Only programs whose temporary buffer
+is at least `LARGE_TEMP_BYTES` are held back this way (their execution dwarfs the short
+gap); smaller programs are dispatched at once and run ahead as before.
+
+`PT_XLA_RETAIN_HOST_MEMORY=0` leaves the C allocator as it is.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from typing import Optional
+
+LARGE_TEMP_BYTES = 64 << 20
+# The temporary buffer is freed a few ms after the outputs are ready (5-14 ms measured on
+# the decoder step); past this the dispatch goes ahead rather than stall.
+_FREE_WAIT_S = 0.05
+
+_M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+        "uordblks", "fordblks", "keepcost")]
+
+
+_state = {"libc": None, "active": False}
+# The last large program dispatched: (an output array, heap bytes in use just after its
+# dispatch, its temporary buffer's bytes).
+_last: Optional[tuple] = None
+
+
+def _glibc():
+    if _state["libc"] is None:
+        try:
+            libc = ctypes.CDLL("libc.so.6")
+            libc.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+            libc.mallinfo2.restype = _MallInfo2
+            _state["libc"] = libc
+        except (OSError, AttributeError):  # not glibc, or older than 2.33
+            _state["libc"] = False
+    return _state["libc"]
+
+
+def configure() -> bool:
+    """Makes freed C-heap memory stay resident (see the module docstring). Called once,
+    before the CPU client starts its threads; returns whether the allocator was changed."""
+    if _state["active"]:
+        return True
+    if os.environ.get("PT_XLA_RETAIN_HOST_MEMORY", "1") == "0":
+        return False
+    libc = _glibc()
+    if not libc:
+        return False
+    ok = (libc.mallopt(_M_ARENA_MAX, 1) == 1 and libc.mallopt(_M_MMAP_MAX, 0) == 1
+          and libc.mallopt(_M_TRIM_THRESHOLD, 2 ** 31 - 1) == 1)
+    _state["active"] = ok
+    return ok
+
+
+def active() -> bool:
+    return _state["active"]
+
+
+def in_use() -> int:
+    """Bytes of the C heap currently allocated (0 when unknown)."""
+    libc = _glibc()
+    return libc.mallinfo2().uordblks if libc else 0
+
+
+def temp_bytes(compiled) -> int:
+    """The temporary buffer of a compiled program, in bytes (0 when XLA does not say)."""
+    try:
+        return int(compiled.memory_analysis().temp_size_in_bytes)
+    except Exception:  # noqa: BLE001  (deserialised or foreign executables)
+        return 0
+
+
+def before_dispatch(temp: int) -> int:
+    """Before dispatching a program with a `temp`-byte temporary buffer (a large one):
+    waits until the previous large program's temporary buffer is free. Returns the heap's
+    bytes in use just before the dispatch, for `after_dispatch`."""
+    settle()
+    return _state["libc"].mallinfo2().uordblks
+
+
+def settle(release: bool = False) -> None:
+    """Waits until the last large program dispatched has run and freed its temporary
+    buffer; with `release`, then returns the heap's free pages to the OS. The compiler
+    calls it with `release`: its own allocations would otherwise pile on top of a step's
+    resident buffers (the decoder's peak RSS came from compiling step 2's program right
+    after step 1)."""
+    global _last
+    if _last is None:
+        return
+    out, used_before, temp = _last
+    _last = None
+    try:
+        out.block_until_ready()
+    except Exception:  # noqa: BLE001  (its error surfaces where its value is read)
+        return
+    libc = _state["libc"]
+    # XLA allocates the temporary buffer on a worker thread, at or after the dispatch,
+    # and frees it after the outputs are ready: it is free once the heap is back near
+    # its size before the dispatch (outputs mostly replace donated inputs).
+    limit = used_before + temp // 2
+    deadline = time.perf_counter() + _FREE_WAIT_S
+    while libc.mallinfo2().uordblks > limit and time.perf_counter() < deadline:
+        time.sleep(0.0002)
+    if release:
+        libc.malloc_trim(0)
+
+
+def after_dispatch(temp: int, used_before: int, outs) -> None:
+    """Records a just-dispatched large program."""
+    global _last
+    if outs:
+        _last = (outs[0], used_before, temp)
