@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import time
 from typing import Optional
 
@@ -70,6 +71,11 @@ def configure() -> bool:
         return False
     libc = _glibc()
     if not libc:
+        return False
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    if bridge is not None and getattr(bridge, "_backends", None):
+        # jax's CPU client already runs (jax was used before torch_xla): its threads
+        # have their own arenas, from which large blocks are always mmapped.
         return False
     ok = (libc.mallopt(_M_ARENA_MAX, 1) == 1 and libc.mallopt(_M_MMAP_MAX, 0) == 1
           and libc.mallopt(_M_TRIM_THRESHOLD, 2 ** 31 - 1) == 1)
