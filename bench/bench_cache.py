@@ -28,27 +28,15 @@ import common  # noqa: E402
 
 def worker_xla(wl, cache_dir):
     import torch
-    import torch_xla
-    import torch_xla.core.xla_model as xm
+    import torch_xla  # noqa: F401  (imported before t_ready: it counts as an import)
+    import torch_xla.core.xla_model  # noqa: F401
     import torch_xla.runtime as xr
     import torch._dynamo  # noqa: F401  (torch.optim imports it on first use: count it as an import)
     xr.initialize_cache(cache_dir)
     t_ready = time.time()
     common.set_threads()
     stats = common.XlaCompileStats()
-    dev = torch_xla.device()
-    torch.manual_seed(0)
-    model = wl.make_model().to(dev)
-    model.train()
-    opt = wl.make_opt(model.parameters())
-    x, y = wl.make_batch(0)
-    x, y = x.to(dev), y.to(dev)
-    opt.zero_grad()
-    loss = wl.loss_fn(model, x, y)
-    loss.backward()
-    opt.step()
-    xm.mark_step()
-    first_loss = loss.item()
+    first_loss = common.xla_training_step(wl)().item()
     t_end = time.time()
     c, cs = stats.snapshot()
     return {"t_end": t_end, "t_ready": t_ready, "first_loss": first_loss, "compiles": c, "compile_s": cs,

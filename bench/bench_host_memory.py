@@ -27,7 +27,6 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
-_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
 _GLIBC_DEFAULT_TRIM, _GLIBC_DEFAULT_MMAP_MAX = 128 * 1024, 65536
 
 
@@ -69,18 +68,19 @@ def main(argv=None):
     if not host_memory.active():
         sys.exit("host_memory is not active (PT_XLA_RETAIN_HOST_MEMORY=0 or not glibc)")
     libc = host_memory._glibc()
+    trim_threshold, mmap_max = host_memory._M_TRIM_THRESHOLD, host_memory._M_MMAP_MAX
     gate = (host_memory.before_dispatch, host_memory.after_dispatch)
 
     def mode(name):
         if name == "mmap":
-            libc.mallopt(_M_MMAP_MAX, _GLIBC_DEFAULT_MMAP_MAX)
-            libc.mallopt(_M_TRIM_THRESHOLD, _GLIBC_DEFAULT_TRIM)
-            libc.malloc_trim(0)
-            host_memory.before_dispatch = lambda temp: 0
+            libc.mallopt(mmap_max, _GLIBC_DEFAULT_MMAP_MAX)
+            libc.mallopt(trim_threshold, _GLIBC_DEFAULT_TRIM)
+            host_memory.release()
+            host_memory.before_dispatch = lambda: 0
             host_memory.after_dispatch = lambda temp, used_before, outs: None
         else:
-            libc.mallopt(_M_MMAP_MAX, 0)
-            libc.mallopt(_M_TRIM_THRESHOLD, 2 ** 31 - 1)
+            libc.mallopt(mmap_max, 0)  # as host_memory.configure()
+            libc.mallopt(trim_threshold, 2 ** 31 - 1)
             host_memory.before_dispatch, host_memory.after_dispatch = gate
 
     print(f"`PJRT_DEVICE=CPU python bench/bench_host_memory.py --models {args.models} "

@@ -250,7 +250,7 @@ def _compile(graph: Graph, args, donate):
     if pkey is not None:
         exec_cache.store(pkey, compiled)
     if time.perf_counter() - t0 >= _RELEASE_AFTER_S:
-        _release_heap()
+        host_memory.release()
     return Executable(compiled, donate)
 
 
@@ -279,23 +279,6 @@ def compiler_options(graph: Graph) -> dict:
 # Only compilations this long leave enough garbage to be worth a trim (a trim walks the
 # whole heap; the test suite compiles thousands of small programs).
 _RELEASE_AFTER_S = 0.5
-
-
-def _release_heap() -> None:
-    """Returns the compiler's freed heap to the OS (glibc keeps it otherwise): compiling a
-    large step leaves hundreds of MB of free but resident memory behind."""
-    global _malloc_trim
-    if _malloc_trim is None:
-        try:
-            import ctypes
-            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
-        except (OSError, AttributeError):
-            _malloc_trim = False
-    if _malloc_trim:
-        _malloc_trim(0)
-
-
-_malloc_trim = None
 
 
 def _replicated(fn, graph):
@@ -421,7 +404,7 @@ def execute(states: List[XlaState], barrier: bool = False) -> None:
         metrics.inc("CachedCompile")
     large = exe.temp >= host_memory.LARGE_TEMP_BYTES
     if large:
-        used_before = host_memory.before_dispatch(exe.temp)
+        used_before = host_memory.before_dispatch()
     with metrics.timed("ExecuteTime"):
         outs = exe.compiled(*args)
     if large:

@@ -45,7 +45,7 @@ class _MallInfo2(ctypes.Structure):
 
 
 _state = {"libc": None, "active": False}
-# The last large program dispatched: (an output array, heap bytes in use just after its
+# The last large program dispatched: (an output array, heap bytes in use just before its
 # dispatch, its temporary buffer's bytes).
 _last: Optional[tuple] = None
 
@@ -87,10 +87,13 @@ def active() -> bool:
     return _state["active"]
 
 
-def in_use() -> int:
-    """Bytes of the C heap currently allocated (0 when unknown)."""
+def release() -> None:
+    """Returns the C heap's free pages to the OS (glibc keeps them otherwise; with
+    `configure()` it keeps them on purpose, so only a compile, which leaves hundreds of MB
+    of garbage, asks for this)."""
     libc = _glibc()
-    return libc.mallinfo2().uordblks if libc else 0
+    if libc:
+        libc.malloc_trim(0)
 
 
 def temp_bytes(compiled) -> int:
@@ -101,10 +104,10 @@ def temp_bytes(compiled) -> int:
         return 0
 
 
-def before_dispatch(temp: int) -> int:
-    """Before dispatching a program with a `temp`-byte temporary buffer (a large one):
-    waits until the previous large program's temporary buffer is free. Returns the heap's
-    bytes in use just before the dispatch, for `after_dispatch`."""
+def before_dispatch() -> int:
+    """Before dispatching a program with a large temporary buffer: waits until the
+    previous large program's temporary buffer is free. Returns the heap's bytes in use
+    just before the dispatch, for `after_dispatch`."""
     settle()
     return _state["libc"].mallinfo2().uordblks
 

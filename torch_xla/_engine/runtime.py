@@ -86,9 +86,6 @@ def platform() -> str:
         jax = jax_module()
         p = jax.default_backend()
         _state["platform"] = {"cpu": "CPU", "gpu": "CUDA", "cuda": "CUDA", "rocm": "ROCM", "tpu": "TPU"}.get(p, p.upper())
-        if _state["platform"] == "CPU":
-            from . import host_memory
-            host_memory.configure()
     return _state["platform"]
 
 
