@@ -97,10 +97,12 @@ def out_shape(i: int = 0):
 
 
 def rng_key(seed, counter: int):
-    """The PRNG key of one random op: the step's seed folded with the op's number."""
+    """The PRNG key of one random op: the step's seed folded with the op's number
+    (SplitMix64, `prng.py`)."""
     import jax
-    return jax.random.fold_in(jax.random.key(seed.astype("uint32") if hasattr(seed, "astype") else seed),
-                              counter)
+    from . import prng
+    return jax.random.fold_in(jax.random.key(seed.astype("uint32") if hasattr(seed, "astype") else seed,
+                                             impl=prng.impl()), counter)
 
 
 def load_all() -> None:

@@ -222,7 +222,9 @@ def geometric(x, p, generator=None, key=None):
     # number of Bernoulli(p) trials up to the first success: support {1, 2, ...}
     shape, dt = _shape_dtype()
     fdt = _fdt(dt) if jnp.issubdtype(dt, jnp.floating) else jnp.dtype(jnp.float64)
-    u = jax.random.uniform(key, shape, fdt, minval=jnp.finfo(fdt).tiny, maxval=1.0)
+    # u in (0, 1]: a draw of 0 from [0, 1) would stand for the whole lowest bucket of
+    # width 2^-23 (float32), not for the smallest float (a trial count of ~300 at p=0.25)
+    u = 1.0 - jax.random.uniform(key, shape, fdt)
     k = jnp.floor(jnp.log(u) / math.log1p(-p)) + 1 if p < 1 else jnp.ones(shape, fdt)
     return k.astype(dt)
 
