@@ -374,3 +374,38 @@ def test_host_memory_retention_can_be_turned_off():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+_FIRST_OPS_SCRIPT = r"""
+import sys, torch, torch_xla
+dev = torch_xla.device()
+a = torch.arange(6.0).reshape(2, 3)
+b = torch.tensor([1.0, -2.0, 3.0])
+# Shape inference runs PyTorch's Python meta kernels; they must not drag in torch._dynamo.
+x = (a.to(dev) + b.to(dev)) * 2 - b.to(dev).abs()
+got1 = x.cpu()
+print("dynamo_after_first_ops", "torch._dynamo" in sys.modules)
+assert torch.equal(got1, (a + b) * 2 - b.abs())
+import torch._dynamo  # what torch.optim or torch.compile would do
+y = torch.where(a.to(dev) > 2, a.to(dev), b.to(dev).sub(1)).div(3)
+assert torch.allclose(y.cpu(), torch.where(a > 2, a, b.sub(1)).div(3))
+opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(3, device=dev))], lr=0.1)
+opt.param_groups[0]["params"][0].grad = b.to(dev)
+opt.step()
+assert torch.allclose(opt.param_groups[0]["params"][0].cpu(), torch.ones(3) - 0.1 * b)
+print("ok")
+"""
+
+
+def test_first_ops_do_not_import_dynamo(tmp_path):
+    # A script without torch.optim or torch.compile does not pay for importing
+    # torch._dynamo (seconds) on its first op; once something imports it, PyTorch's own
+    # wrappers take over and values still match the CPU's.
+    script = tmp_path / "first_ops.py"
+    script.write_text(_FIRST_OPS_SCRIPT)
+    env = dict(os.environ, PJRT_DEVICE="CPU")
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert "dynamo_after_first_ops False" in lines, out.stdout
+    assert lines[-1] == "ok", out.stdout

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
-from . import decompositions, ir, metrics, process_group, runtime, rng
+from . import decompositions, ir, metrics, process_group, runtime, rng, torch_patches
 from .lowering import LOWERINGS, Lowering, load_all
 from .tensor import (XlaState, make_tensor, replace_state, state_of, unwrap, wrap_user,
                      _is_functional)
@@ -263,6 +263,7 @@ class OpKernel:
 
     # -- the cold path: shape inference -------------------------------------------
     def _infer(self, args) -> ShapeEntry:
+        torch_patches.lazy_dynamo_disable()
         margs = []
         promo = []
         for i, kind in enumerate(self.kinds):

@@ -56,6 +56,9 @@ def jax_module():
             jax.config.update("jax_enable_x64", True)
             from . import process_group
             process_group.initialize(jax)
+            # Before gc.freeze(), which hides the functions it looks for.
+            from . import torch_patches
+            torch_patches.lazy_dynamo_disable()
             _tune_gc()
             _state["jax"] = jax
     return _state["jax"]

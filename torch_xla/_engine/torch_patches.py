@@ -1,4 +1,4 @@
-"""The two places where PyTorch's own Python needs help with xla tensors.
+"""The places where PyTorch's own Python needs help with xla tensors.
 
 - `Module._apply` gives each module its own new Parameter when the old one cannot
   take the new data in place, which is the case from CPU to xla (different tensor
@@ -7,10 +7,16 @@
 - `cpu_tensor.copy_(xla_tensor)` (what `cpu_model.load_state_dict(xla_state_dict)`
   does) reaches functionalization with a plain destination and a functional source,
   which it refuses: the source is read to the CPU first.
+- Shape inference runs PyTorch's Python meta kernels, which import `torch._dynamo` on
+  their first call (2 s) only to mark themselves as not traceable by it
+  (`lazy_dynamo_disable`). In-place elementwise ops get lean meta checks
+  (`install_inplace_meta`).
 """
 from __future__ import annotations
 
+import sys
 import threading
+import types
 
 import torch
 
@@ -135,3 +141,54 @@ def install_inplace_meta() -> None:
                 != [str(a.type) for a in functional._schema.arguments]):
             continue
         _meta_lib.impl(name, _make_inplace_meta(name, functional), "Meta")
+
+
+# ---- meta kernels without importing torch._dynamo -------------------------------------------
+# Many of PyTorch's meta kernels are Python references wrapped by `torch._disable_dynamo`,
+# whose wrapper imports torch._dynamo on the first call (about 2 s here) to build a
+# "don't trace this" version of the function, cached as `fn.__dynamo_disable`. While
+# torch._dynamo is not imported nothing can be tracing, so calling `fn` directly is the
+# same. Each wrapped function gets a stand-in that does that, and hands over to the real
+# wrapper once torch._dynamo has been imported (by the user, torch.compile or torch.optim).
+
+class _UntilDynamo:
+    __slots__ = ("fn", "recursive")
+
+    def __init__(self, fn, recursive):
+        self.fn, self.recursive = fn, recursive
+
+    def __call__(self, *args, **kwargs):
+        dyn = sys.modules.get("torch._dynamo")
+        if dyn is None or not hasattr(dyn, "disable"):
+            return self.fn(*args, **kwargs)
+        real = dyn.disable(self.fn, self.recursive, wrapping=False)
+        self.fn.__dynamo_disable = real
+        return real(*args, **kwargs)
+
+
+_dynamo_patched = [False]
+
+
+def lazy_dynamo_disable() -> None:
+    """Gives every `torch._disable_dynamo` wrapper the stand-in above (once; nothing to do
+    when torch._dynamo is already imported). It finds them among the collector's objects:
+    the runtime calls it before `gc.freeze()`, which would hide them (~70 ms)."""
+    if _dynamo_patched[0]:
+        return
+    _dynamo_patched[0] = True
+    if "torch._dynamo" in sys.modules:
+        return
+    try:
+        code = torch._compile._disable_dynamo(lambda: None).__code__
+        i_fn, i_rec = code.co_freevars.index("fn"), code.co_freevars.index("recursive")
+    except (AttributeError, ValueError):  # another torch: leave it alone
+        return
+    import gc
+    for f in gc.get_objects():
+        if type(f) is types.FunctionType and f.__code__ is code:
+            fn = f.__closure__[i_fn].cell_contents
+            if getattr(fn, "__dynamo_disable", None) is None:
+                try:
+                    fn.__dynamo_disable = _UntilDynamo(fn, f.__closure__[i_rec].cell_contents)
+                except (AttributeError, TypeError):
+                    pass
