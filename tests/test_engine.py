@@ -409,3 +409,20 @@ def test_first_ops_do_not_import_dynamo(tmp_path):
     lines = out.stdout.strip().splitlines()
     assert "dynamo_after_first_ops False" in lines, out.stdout
     assert lines[-1] == "ok", out.stdout
+
+
+def test_dynamo_stand_in_hands_over_once_dynamo_is_imported():
+    import torch._dynamo  # noqa: F401
+    from torch_xla._engine import torch_patches
+
+    def double(x):
+        return x * 2
+
+    wrapped = torch._disable_dynamo(double)
+    stand_in = torch_patches._UntilDynamo(double, True)
+    setattr(double, "__dynamo_disable", stand_in)
+    assert wrapped(torch.tensor([1.0, 2.0])).tolist() == [2.0, 4.0]
+    real = getattr(double, "__dynamo_disable")
+    assert real is not stand_in and callable(real)
+    assert wrapped(torch.tensor([3.0])).tolist() == [6.0]
+    assert getattr(double, "__dynamo_disable") is real  # built once, not per call

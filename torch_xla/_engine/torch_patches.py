@@ -8,7 +8,7 @@
   does) reaches functionalization with a plain destination and a functional source,
   which it refuses: the source is read to the CPU first.
 - Shape inference runs PyTorch's Python meta kernels, which import `torch._dynamo` on
-  their first call (2 s) only to mark themselves as not traceable by it
+  their first call (1-2 s) only to mark themselves as not traceable by it
   (`lazy_dynamo_disable`). In-place elementwise ops get lean meta checks
   (`install_inplace_meta`).
 """
@@ -145,7 +145,7 @@ def install_inplace_meta() -> None:
 
 # ---- meta kernels without importing torch._dynamo -------------------------------------------
 # Many of PyTorch's meta kernels are Python references wrapped by `torch._disable_dynamo`,
-# whose wrapper imports torch._dynamo on the first call (about 2 s here) to build a
+# whose wrapper imports torch._dynamo on the first call (1-2 s here) to build a
 # "don't trace this" version of the function, cached as `fn.__dynamo_disable`. While
 # torch._dynamo is not imported nothing can be tracing, so calling `fn` directly is the
 # same. Each wrapped function gets a stand-in that does that, and hands over to the real
@@ -162,7 +162,7 @@ class _UntilDynamo:
         if dyn is None or not hasattr(dyn, "disable"):
             return self.fn(*args, **kwargs)
         real = dyn.disable(self.fn, self.recursive, wrapping=False)
-        self.fn.__dynamo_disable = real
+        setattr(self.fn, "__dynamo_disable", real)  # (a plain assignment here would be name-mangled)
         return real(*args, **kwargs)
 
 
