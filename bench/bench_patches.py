@@ -51,41 +51,15 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=15)
     args = p.parse_args(argv)
     import torch
-    import torch_xla
-    import torch_xla.core.xla_model as xm
+    import common
     import models_torch
-    from torch_xla._engine import graph_executor, ir, runtime
+    from torch_xla._engine import graph_executor, runtime
     from torch_xla._engine.lowering import conv_cpu
-    from torch_xla._engine.tensor import pending
     jax = runtime.jax_module()
     import jax.numpy as jnp
 
     torch.set_num_threads(2)
-    wl = models_torch.workload(args.model)
-    dev = torch_xla.device()
-    torch.manual_seed(0)
-    model = wl.make_model().to(dev)
-    opt = wl.make_opt(model.parameters())
-    x, y = wl.make_batch(0)
-    x, y = x.to(dev), y.to(dev)
-
-    def trace():
-        opt.zero_grad()
-        wl.loss_fn(model, x, y).backward()
-        opt.step()
-
-    for _ in range(2):     # the optimizer's state exists from step 2 on
-        trace()
-        xm.mark_step()
-    xm.wait_device_ops()
-    trace()
-    roots, seen = [], set()
-    for s in pending.take_live():
-        if type(s.node) is not ir.DeviceData and (id(s.node), s.idx) not in seen:
-            seen.add((id(s.node), s.idx))
-            roots.append((s.node, s.idx))
-    graph = graph_executor.Graph(roots)
-    params = graph.param_values()
+    graph, params = common.traced_step_graph(models_torch.workload(args.model))
     opts = graph_executor.compiler_options(graph)
     engine = conv_cpu.conv_im2col
     variants = {"one slice per offset": per_offset_im2col, "one dimension at a time (engine)": engine}

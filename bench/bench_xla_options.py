@@ -32,45 +32,14 @@ def main(argv=None):
     args = p.parse_args(argv)
     import jax
     import torch
-    import torch_xla
-    import torch_xla.core.xla_model as xm
+    import common
     import models_torch
-    from torch_xla._engine import graph_executor, ir
-    from torch_xla._engine.tensor import pending
 
     torch.set_num_threads(2)
     variants = json.loads(args.variants)
     rounds = 2 if args.quick else args.rounds
-    wl = models_torch.workload(args.model, quick=args.quick)
-    dev = torch_xla.device()
-    torch.manual_seed(0)
-    model = wl.make_model().to(dev)
-    opt = wl.make_opt(model.parameters())
-    x, y = wl.make_batch(0)
-    x, y = x.to(dev), y.to(dev)
-
-    def trace():
-        if args.inference:
-            model.eval()
-            with torch.no_grad():
-                return model(x)
-        opt.zero_grad()
-        loss = wl.loss_fn(model, x, y)
-        loss.backward()
-        opt.step()
-
-    for _ in range(2):     # the optimizer's state exists from step 2 on
-        trace()
-        xm.mark_step()
-    xm.wait_device_ops()
-    out = trace()  # noqa: F841  (keeps the forward's result alive as a root)
-    roots, seen = [], set()
-    for s in pending.take_live():
-        if type(s.node) is not ir.DeviceData and (id(s.node), s.idx) not in seen:
-            seen.add((id(s.node), s.idx))
-            roots.append((s.node, s.idx))
-    graph = graph_executor.Graph(roots)
-    params = graph.param_values()
+    graph, params = common.traced_step_graph(models_torch.workload(args.model, quick=args.quick),
+                                             inference=args.inference)
     lowered = jax.jit(graph.build_fn(), keep_unused=True).lower(*params)
 
     exes = {}

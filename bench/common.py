@@ -156,6 +156,47 @@ def xla_training_step(wl):
     return step
 
 
+def traced_step_graph(wl, inference: bool = False):
+    """This project only, for experiments that lower one step several ways: a workload's
+    step (forward only with `inference`) traced on the xla device after two executed
+    steps (the optimizer's state exists from step 2 on) and left pending. Returns the
+    engine's Graph of the pending values and its parameter arrays."""
+    import torch
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    from torch_xla._engine import graph_executor, ir
+    from torch_xla._engine.tensor import pending
+    dev = torch_xla.device()
+    torch.manual_seed(0)
+    model = wl.make_model().to(dev)
+    opt = wl.make_opt(model.parameters())
+    x, y = wl.make_batch(0)
+    x, y = x.to(dev), y.to(dev)
+
+    def trace():
+        if inference:
+            model.eval()
+            with torch.no_grad():
+                return model(x)
+        opt.zero_grad()
+        wl.loss_fn(model, x, y).backward()
+        opt.step()
+        return None
+
+    for _ in range(2):
+        trace()
+        xm.mark_step()
+    xm.wait_device_ops()
+    out = trace()  # noqa: F841  (keeps the forward's result alive as a root)
+    roots, seen = [], set()
+    for s in pending.take_live():
+        if type(s.node) is not ir.DeviceData and (id(s.node), s.idx) not in seen:
+            seen.add((id(s.node), s.idx))
+            roots.append((s.node, s.idx))
+    graph = graph_executor.Graph(roots)
+    return graph, graph.param_values()
+
+
 # ---------------------------------------------------------------------------------------
 # worker side
 

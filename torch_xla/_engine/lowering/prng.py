@@ -16,7 +16,9 @@ uint64 (the engine runs jax with x64 on).
 """
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _FOLD = 0x632BE59BD9B4E019
@@ -25,7 +27,6 @@ _IMPL = None
 
 
 def _mix64(z):
-    import jax.numpy as jnp
     u = jnp.uint64
     z = (z ^ (z >> u(30))) * u(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> u(27))) * u(0x94D049BB133111EB)
@@ -33,34 +34,27 @@ def _mix64(z):
 
 
 def _to64(k):
-    import jax.numpy as jnp
     return (k[..., 0].astype(jnp.uint64) << jnp.uint64(32)) | k[..., 1].astype(jnp.uint64)
 
 
 def _from64(z):
-    import jax.numpy as jnp
     return jnp.stack([(z >> jnp.uint64(32)).astype(jnp.uint32), z.astype(jnp.uint32)], axis=-1)
 
 
 def _counters(n: int):
-    from jax import lax
-    import jax.numpy as jnp
     return lax.iota(jnp.uint64, n) + jnp.uint64(1)
 
 
 def _seed(s):
-    import jax.numpy as jnp
     return _from64(_mix64(jnp.asarray(s).astype(jnp.uint64) + jnp.uint64(_GOLDEN)))
 
 
 def _fold_in(k, data):
-    import jax.numpy as jnp
     d = jnp.asarray(data).astype(jnp.uint64) * jnp.uint64(_GOLDEN) + jnp.uint64(_FOLD)
     return _from64(_mix64(_to64(k) ^ _mix64(d)))
 
 
 def _split(k, shape):
-    import jax.numpy as jnp
     shape = tuple(int(d) for d in shape)
     start = _mix64(_to64(k) ^ jnp.uint64(_SPLIT))
     keys = _mix64(start + _counters(int(np.prod(shape, dtype=np.int64))) * jnp.uint64(_GOLDEN))
@@ -68,7 +62,6 @@ def _split(k, shape):
 
 
 def _random_bits(k, bit_width: int, shape):
-    import jax.numpy as jnp
     shape = tuple(int(d) for d in shape)
     z = _mix64(_to64(k) + _counters(int(np.prod(shape, dtype=np.int64))) * jnp.uint64(_GOLDEN))
     if bit_width != 64:
