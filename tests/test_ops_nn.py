@@ -11,7 +11,7 @@ import torch_xla
 import torch_xla.debug.metrics as met
 from torch_xla._engine.lowering import LOWERINGS
 
-from helpers import XLA, assert_same
+from helpers import XLA, assert_same, check_flat
 
 torch.manual_seed(0)
 
@@ -225,6 +225,16 @@ def test_max_pool_indices_ties_and_unbatched():
     x = torch.tensor([[[1., 1., 0., 2.], [3., 3., 2., 2.], [0., 0., 0., 0.], [5., 4., 5., 4.]]])
     check(lambda x: F.max_pool2d(x, 2, return_indices=True), x, grad=False)
     check(lambda x: F.max_pool2d(x, 2), x)
+
+
+@pytest.mark.parametrize("kw", [dict(kernel_size=2), dict(kernel_size=3, stride=2, padding=1)])
+def test_max_pool_nan_windows(kw):
+    # The CPU kernel takes an element if it is greater than the maximum so far or NaN:
+    # a window's last NaN is its argmax, and its gradient goes there.
+    nan = float("nan")
+    x = torch.tensor([[[nan, 1., nan, 0., 2., nan], [nan, 2., 3., nan, 1., 1.], [0., 1., 2., 3., 4., 5.],
+                       [nan, nan, nan, nan, 7., 7.], [1., 2., 3., 4., 5., 6.], [6., 5., nan, 3., 2., 1.]]])
+    check_flat(lambda x: F.max_pool2d(x, return_indices=True, **kw), x, grad=True)
 
 
 def test_max_pool1d_3d():

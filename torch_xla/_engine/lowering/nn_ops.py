@@ -250,7 +250,7 @@ def _tiled_backward(g, x, indices, k):
 
 
 def _max_windows(x, idxs, valids, tiled=None):
-    """Max over windows and the flat input-plane index of the (first) max."""
+    """Max over windows and the flat input-plane index of the max (as the CPU kernel)."""
     n = len(idxs)
     in_sizes = x.shape[-n:]
     if tiled is not None:
@@ -259,10 +259,12 @@ def _max_windows(x, idxs, valids, tiled=None):
         win = _gather_windows(x, idxs)
         win = jnp.where(_combine_valid(valids), win, _lowest(x.dtype))
     if jnp.issubdtype(x.dtype, jnp.floating):
-        # NaN counts as the maximum (as in PyTorch)
+        # The CPU kernel takes an element that is greater than the maximum so far or NaN:
+        # the first maximum, or the window's last NaN (NaNs ranked by position).
         isn = jnp.isnan(win)
-        key = jnp.where(isn, jnp.inf, win)
-        am = jnp.argmax(jnp.where(jnp.any(isn, -1, keepdims=True), isn.astype(x.dtype), key), axis=-1)
+        kd = x.dtype if win.shape[-1] <= 256 else jnp.promote_types(x.dtype, jnp.float32)  # exact ranks
+        rank = jnp.where(isn, jnp.arange(1, win.shape[-1] + 1, dtype=kd), jnp.zeros((), kd))
+        am = jnp.argmax(jnp.where(jnp.any(isn, -1, keepdims=True), rank, win.astype(kd)), axis=-1)
     else:
         am = jnp.argmax(win, axis=-1)
     val = jnp.take_along_axis(win, am[..., None], axis=-1)[..., 0]
