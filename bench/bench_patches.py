@@ -1,8 +1,19 @@
-"""Patch matrices for convolutions on CPU: one slice per kernel offset (k1 * k2 slices,
-the engine's earlier formulation, kept here) vs one spatial dimension at a time (k1 + k2
-slices, `lowering/conv_cpu.conv_im2col`), inside a whole training step, in one process.
+"""Formulations of a CNN's lowerings inside a whole training step, in one process: the
+engine's against alternatives kept here.
 
-    PJRT_DEVICE=CPU python bench/bench_patches.py [--model mnist] [--rounds 15]
+--compare patches (default): convolution patch matrices on CPU as one slice per kernel
+  offset (k1 * k2 slices; the engine's earlier formulation) vs one spatial dimension at
+  a time (k1 + k2 slices, `lowering/conv_cpu.conv_im2col`).
+--compare input-grad: a convolution's input gradient as patches of the (dilated,
+  padded) output gradient times the flipped kernel (a gather and one product) vs the
+  engine's `jax.vjp` of the patch product (the patch gradient scattered back by pads
+  and adds).
+--compare maxpool: max pooling over tiling windows as a running max over the window
+  offsets' strided slices, gradient compared per offset at the windows' resolution vs
+  the engine's windows cut by reshape + transpose with an argmax, gradient by repeated
+  flat indices (`nn_ops._max_windows`, `nn_ops._tiled_backward`).
+
+    PJRT_DEVICE=CPU python bench/bench_patches.py [--compare patches] [--model mnist] [--rounds 15]
 
 Traces one training step of a benchmark model (bench/models_torch.py) on the xla device,
 lowers the same graph once per formulation, compiles both (compile time) and runs them in
@@ -45,8 +56,110 @@ def per_offset_im2col(x, w, stride, padding, dilation):
     return jnp.moveaxis(y, -1, 1)
 
 
+def gather_input_grad(g, x_shape, w, stride, padding, dilation):
+    """The input gradient of a patch-product convolution as a stride-1 convolution of the
+    output gradient (interior-padded by stride - 1, edge-padded to the input's extent)
+    with the spatially flipped, transposed kernel, through its own patch matrix."""
+    import jax.numpy as jnp
+    from jax import lax
+    from torch_xla._engine.lowering import conv_cpu
+    nsp = g.ndim - 2
+    k = w.shape[2:]
+    pads = [(0, 0, 0), (0, 0, 0)]
+    for i in range(nsp):
+        lo = dilation[i] * (k[i] - 1) - padding[i]
+        span = (g.shape[2 + i] - 1) * stride[i] + 1
+        pads.append((lo, x_shape[2 + i] + dilation[i] * (k[i] - 1) - lo - span, stride[i] - 1))
+    gp = lax.pad(g, jnp.zeros((), g.dtype), pads)
+    wt = jnp.flip(jnp.swapaxes(w, 0, 1), axis=tuple(range(2, 2 + nsp)))
+    return conv_cpu.conv_im2col(gp, wt, (1,) * nsp, (0,) * nsp, dilation)
+
+
+def convolution_backward_gather(g, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding,
+                                groups, output_mask=(True, True, True)):
+    """`aten::convolution_backward` with the input gradient from `gather_input_grad`
+    (CPU patch formulation) and the weight gradient from `jax.vjp` as in the engine."""
+    import jax
+    import jax.numpy as jnp
+    from torch_xla._engine.lowering import conv_cpu, nn_ops
+    w, g = w.astype(x.dtype), g.astype(x.dtype)
+    nsp = x.ndim - 2
+    st, pd, dl = nn_ops._tup(stride, nsp), nn_ops._tup(padding, nsp), nn_ops._tup(dilation, nsp)
+    f = lambda xx, ww: nn_ops._conv(xx, ww, stride, padding, dilation, transposed, output_padding, groups)
+    gx = gw = None
+    if (nn_ops._has_out(0) and nn_ops._cpu_formulation(x, transposed, groups)
+            and conv_cpu.use_im2col(x.shape, w.shape, st, pd, dl)):
+        gx = gather_input_grad(g, x.shape, w, st, pd, dl)
+        if nn_ops._has_out(1):
+            gw, = jax.vjp(lambda ww: f(x, ww), w)[1](g)
+    else:
+        gx, gw = jax.vjp(f, x, w)[1](g)
+    gb = jnp.sum(g, axis=(0,) + tuple(range(2, g.ndim))) if nn_ops._has_out(2) else None
+    return nn_ops._fill((gx if nn_ops._has_out(0) else None, gw if nn_ops._has_out(1) else None, gb))
+
+
+def sliced_max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, nsp):
+    """`nn_ops._max_pool` with tiling windows taken as a running max over the window
+    offsets' strided slices (elementwise; the CPU kernel's rule: greater, or NaN)."""
+    import jax.numpy as jnp
+    import numpy as np
+    from jax import lax
+    from torch_xla._engine.lowering import nn_ops
+    k, s = nn_ops._tup(kernel_size, nsp), nn_ops._tup(stride, nsp, nn_ops._tup(kernel_size, nsp))
+    p, d = nn_ops._tup(padding, nsp), nn_ops._tup(dilation, nsp)
+    osz, isz = nn_ops.out_shape(0)[-nsp:], x.shape[-nsp:]
+    if not nn_ops._tiled(k, s, p, d, osz, isz):
+        return ENGINE_MAX_POOL(x, kernel_size, stride, padding, dilation, ceil_mode, nsp)
+    lead = x.ndim - nsp
+    m = j = None
+    for off_i, off in enumerate(itertools.product(*(range(kk) for kk in k))):
+        limit = x.shape[:lead] + tuple(o + (n - 1) * kk + 1 for o, n, kk in zip(off, osz, k))
+        v = lax.slice(x, (0,) * lead + off, limit, (1,) * lead + tuple(k))
+        if m is None:
+            m, j = v, jnp.zeros(v.shape, jnp.int32)
+            continue
+        upd = (v > m) | jnp.isnan(v) if jnp.issubdtype(x.dtype, jnp.floating) else v > m
+        m, j = jnp.where(upd, v, m), jnp.where(upd, jnp.int32(off_i), j)
+    j = j.astype(jnp.int64)
+    ind = jnp.zeros((), jnp.int64)
+    for i in range(nsp):
+        shape = [1] * nsp
+        shape[i] = osz[i]
+        pos = jnp.asarray(np.arange(osz[i]).reshape(shape) * k[i]) + (j // int(np.prod(k[i + 1:]))) % k[i]
+        ind = ind + pos * int(np.prod(isz[i + 1:]))
+    return m, ind
+
+
+def offset_max_pool_backward(g, x, indices, k):
+    """Tiling-window max-pool gradient comparing each element's window offset (small
+    integers at the windows' resolution) instead of repeated flat indices."""
+    import jax.numpy as jnp
+    import numpy as np
+    n = len(k)
+    isz = x.shape[-n:]
+    lead = g.ndim - n
+    j = jnp.zeros((), jnp.int32)
+    for i in range(n):
+        coord = (indices // int(np.prod(isz[i + 1:]))) % isz[i]
+        j = j * k[i] + (coord % k[i]).astype(jnp.int32)
+    gu, ju = g, j
+    for i in range(n):
+        gu, ju = jnp.repeat(gu, k[i], lead + i), jnp.repeat(ju, k[i], lead + i)
+    own = np.zeros((), np.int32)
+    for i in range(n):
+        shape = [1] * n
+        shape[i] = gu.shape[lead + i]
+        own = own * k[i] + (np.arange(gu.shape[lead + i]) % k[i]).reshape(shape).astype(np.int32)
+    y = jnp.where(ju == jnp.asarray(own), gu, jnp.zeros((), g.dtype))
+    return jnp.pad(y, [(0, 0)] * lead + [(0, isz[i] - y.shape[lead + i]) for i in range(n)])
+
+
+ENGINE_MAX_POOL = None
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--compare", default="patches", choices=("patches", "input-grad", "maxpool"))
     p.add_argument("--model", default="mnist", help="mnist or resnet18")
     p.add_argument("--rounds", type=int, default=15)
     args = p.parse_args(argv)
@@ -61,18 +174,33 @@ def main(argv=None):
     torch.set_num_threads(2)
     graph, params = common.traced_step_graph(models_torch.workload(args.model))
     opts = graph_executor.compiler_options(graph)
-    engine = conv_cpu.conv_im2col
-    variants = {"one slice per offset": per_offset_im2col, "one dimension at a time (engine)": engine}
+    global ENGINE_MAX_POOL
+    from torch_xla._engine.lowering import LOWERINGS, nn_ops
+    ENGINE_MAX_POOL = nn_ops._max_pool
+    if args.compare == "patches":
+        variants = {"one slice per offset": {(conv_cpu, "conv_im2col"): per_offset_im2col},
+                    "one dimension at a time (engine)": {}}
+    elif args.compare == "input-grad":
+        variants = {"patches of the output gradient": {
+                        (LOWERINGS["convolution_backward.default"], "fn"): convolution_backward_gather},
+                    "vjp of the patch product (engine)": {}}
+    else:
+        variants = {"strided slices, offsets": {(nn_ops, "_max_pool"): sliced_max_pool,
+                                                (nn_ops, "_tiled_backward"): offset_max_pool_backward},
+                    "reshape windows, repeated indices (engine)": {}}
     exes, info = {}, {}
-    try:
-        for name, impl in variants.items():
-            conv_cpu.conv_im2col = impl
+    for name, patches in variants.items():
+        saved = {key: getattr(*key) for key in patches}
+        try:
+            for (obj, attr), impl in patches.items():
+                setattr(obj, attr, impl)
             lowered = jax.jit(graph.build_fn(), keep_unused=True).lower(*params)
             t0 = time.perf_counter()
             exes[name] = lowered.compile(compiler_options=opts) if opts else lowered.compile()
             info[name] = (lowered.as_text().count("stablehlo."), time.perf_counter() - t0)
-    finally:
-        conv_cpu.conv_im2col = engine
+        finally:
+            for (obj, attr), impl in saved.items():
+                setattr(obj, attr, impl)
     outs = [e(*params) for e in exes.values()]
     diff = max(float(jnp.abs(a - b).max() / (jnp.abs(a).max() + 1e-30))
                for other in outs[1:] for a, b in zip(outs[0], other) if a.size)
@@ -83,8 +211,9 @@ def main(argv=None):
             t0 = time.perf_counter()
             jax.block_until_ready(exe(*params))
             times[name].append(time.perf_counter() - t0)
-    print(f"`PJRT_DEVICE=CPU python bench/bench_patches.py --model {args.model} --rounds {args.rounds}`\n")
-    print("| patches | StableHLO ops | compile s | step ms (median) | step ms (min) |")
+    print(f"`PJRT_DEVICE=CPU python bench/bench_patches.py --compare {args.compare} --model {args.model} "
+          f"--rounds {args.rounds}`\n")
+    print(f"| {args.compare} | StableHLO ops | compile s | step ms (median) | step ms (min) |")
     print("|---|---|---|---|---|")
     for name in exes:
         ops, cs = info[name]
