@@ -109,31 +109,58 @@ class Graph:
     def __init__(self, roots: Sequence[tuple]):
         # roots: list of (node, idx) output values
         self.roots = list(roots)
-        order = ir.post_order([n for n, _ in self.roots])
-        self.order = order
+        # One walk (operands before users) collects everything the barrier needs: the
+        # order, parameter slots, how operands bind to positions, and how many operand
+        # slots read each DeviceData (for donation).
+        order = []
+        index = {}       # id(node) -> position in order
         params = []      # leaf nodes bound to parameters, in slot order
         slot = {}        # id(leaf) -> slot
-        index = {}       # id(node) -> position in order
+        binding = []
+        uses = {}        # id(DeviceData) -> operand slots of this graph reading it
         collective = False
-        for pos, n in enumerate(order):
-            index[id(n)] = pos
-            t = type(n)
-            if t is ir.DeviceData or t is ir.ScalarParam:
-                slot[id(n)] = len(params)
-                params.append(n)
-            elif n.op in COLLECTIVE_OPS:
-                collective = True
+        seen = set()
+        data, scalar = ir.DeviceData, ir.ScalarParam
+        stack = [(n, False) for n, _ in reversed(self.roots)]
+        while stack:
+            node, expanded = stack.pop()
+            nid = id(node)
+            if expanded:
+                index[nid] = len(order)
+                order.append(node)
+                t = type(node)
+                if t is data or t is scalar:
+                    slot[nid] = len(params)
+                    params.append(node)
+                    continue
+                ops = node.operands
+                if ops:
+                    pos = []
+                    for o, _ in ops:
+                        oid = id(o)
+                        pos.append(index[oid])
+                        if type(o) is data:
+                            uses[oid] = uses.get(oid, 0) + 1
+                    binding.append(tuple(pos))
+                if node.op in COLLECTIVE_OPS:
+                    collective = True
+                continue
+            if nid in seen:
+                continue
+            seen.add(nid)
+            stack.append((node, True))
+            for o, _ in reversed(node.operands):
+                if id(o) not in seen:
+                    stack.append((o, False))
+        self.order = order
         # A graph with a collective runs on every replica as one SPMD program.
         self.replicated = collective and process_group.is_multiprocess()
         self.params = params
         self.slot = slot
         self.index = index
+        self.data_uses = uses
         # The key: structure hashes of the roots, plus how operands bind to positions
         # (two graphs with equal node hashes may share a leaf differently: x+x vs x+y).
-        binding = []
-        for n in order:
-            if n.operands:
-                binding.append(tuple(index[id(o)] for o, _ in n.operands))
         self.key = hash((tuple((n.hash, i) for n, i in self.roots), tuple(binding), len(order),
                          self.replicated))
 
@@ -182,16 +209,6 @@ class Graph:
         return fn
 
 
-def _data_uses(order) -> dict:
-    """id(DeviceData) -> number of operand slots of `order` that reference it."""
-    uses = {}
-    for n in order:
-        for o, _ in n.operands:
-            if type(o) is ir.DeviceData:
-                uses[id(o)] = uses.get(id(o), 0) + 1
-    return uses
-
-
 def _donatable(graph: Graph, roots_states) -> tuple:
     """Parameter slots whose buffers no live tensor will read after this run."""
     if os.environ.get("XLA_NO_DONATION", "0") not in ("", "0"):
@@ -199,7 +216,7 @@ def _donatable(graph: Graph, roots_states) -> tuple:
     donate = []
     # References we know of: the graph's params list, the post-order list, the operand
     # tuples of users inside this graph, and getrefcount's own argument.
-    uses = _data_uses(graph.order)
+    uses = graph.data_uses
     root_ids = {id(n) for n, _ in graph.roots}
     params = graph.params
     for s in range(len(params)):
