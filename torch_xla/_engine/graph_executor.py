@@ -120,7 +120,7 @@ class Graph:
         uses = {}        # id(DeviceData) -> operand slots of this graph reading it
         collective = False
         seen = set()
-        data, scalar = ir.DeviceData, ir.ScalarParam
+        device_data, scalar_param = ir.DeviceData, ir.ScalarParam
         stack = [(n, False) for n, _ in reversed(self.roots)]
         while stack:
             node, expanded = stack.pop()
@@ -129,7 +129,7 @@ class Graph:
                 index[nid] = len(order)
                 order.append(node)
                 t = type(node)
-                if t is data or t is scalar:
+                if t is device_data or t is scalar_param:
                     slot[nid] = len(params)
                     params.append(node)
                     continue
@@ -139,7 +139,7 @@ class Graph:
                     for o, _ in ops:
                         oid = id(o)
                         pos.append(index[oid])
-                        if type(o) is data:
+                        if type(o) is device_data:
                             uses[oid] = uses.get(oid, 0) + 1
                     binding.append(tuple(pos))
                 if node.op in COLLECTIVE_OPS:
