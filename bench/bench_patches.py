@@ -3,7 +3,7 @@ engine's against alternatives kept here.
 
 --compare patches (default): convolution patch matrices on CPU as one slice per kernel
   offset (k1 * k2 slices; the engine's earlier formulation) vs one spatial dimension at
-  a time (k1 + k2 slices, `lowering/conv_cpu.conv_im2col`).
+  a time (k1 + k2 slices, `lowering/conv_cpu._patches`).
 --compare input-grad: a convolution's input gradient as patches of the (dilated,
   padded) output gradient times the flipped kernel (a gather and one product) vs the
   engine's `jax.vjp` of the patch product (the patch gradient scattered back by pads
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import math
 import os
 import statistics
 import sys
@@ -34,26 +33,18 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-def per_offset_im2col(x, w, stride, padding, dilation):
-    """The patches as one strided slice per kernel offset, stacked."""
+def per_offset_patches(xp, k, out, stride, dilation):
+    """`conv_cpu._patches` as one strided slice of the padded input per kernel offset
+    (k1 * k2 slices), stacked into the same (n, out..., k..., c) layout."""
     import jax.numpy as jnp
     from jax import lax
-    from torch_xla._engine.lowering import conv_cpu
-    nsp = x.ndim - 2
-    n, c = x.shape[:2]
-    o = w.shape[0]
-    k = w.shape[2:]
-    out = tuple(conv_cpu._out_size(x.shape[2 + i], k[i], stride[i], padding[i], dilation[i]) for i in range(nsp))
-    xp = jnp.pad(jnp.moveaxis(x, 1, -1), ((0, 0),) + tuple((p, p) for p in padding) + ((0, 0),))
+    n, c = xp.shape[0], xp.shape[-1]
     slices = []
     for off in itertools.product(*(range(kk) for kk in k)):
         start = (0,) + tuple(a * d for a, d in zip(off, dilation)) + (0,)
         limit = (n,) + tuple(st + (m - 1) * s + 1 for st, m, s in zip(start[1:-1], out, stride)) + (c,)
         slices.append(lax.slice(xp, start, limit, (1,) + tuple(stride) + (1,)))
-    patches = jnp.stack(slices, axis=-2).reshape((n * math.prod(out), len(slices) * c))
-    wm = jnp.moveaxis(w, (0, 1), (-1, -2)).reshape((len(slices) * c, o))
-    y = jnp.matmul(patches, wm, precision=lax.Precision.HIGHEST).reshape((n,) + out + (o,))
-    return jnp.moveaxis(y, -1, 1)
+    return jnp.stack(slices, axis=-2).reshape((n,) + tuple(out) + tuple(k) + (c,))
 
 
 def gather_input_grad(g, x_shape, w, stride, padding, dilation):
@@ -105,7 +96,8 @@ def sliced_max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, nsp):
     import numpy as np
     from jax import lax
     from torch_xla._engine.lowering import nn_ops
-    k, s = nn_ops._tup(kernel_size, nsp), nn_ops._tup(stride, nsp, nn_ops._tup(kernel_size, nsp))
+    k = nn_ops._tup(kernel_size, nsp)
+    s = nn_ops._tup(stride, nsp, k)
     p, d = nn_ops._tup(padding, nsp), nn_ops._tup(dilation, nsp)
     osz, isz = nn_ops.out_shape(0)[-nsp:], x.shape[-nsp:]
     if not nn_ops._tiled(k, s, p, d, osz, isz):
@@ -178,7 +170,7 @@ def main(argv=None):
     from torch_xla._engine.lowering import LOWERINGS, nn_ops
     ENGINE_MAX_POOL = nn_ops._max_pool
     if args.compare == "patches":
-        variants = {"one slice per offset": {(conv_cpu, "conv_im2col"): per_offset_im2col},
+        variants = {"one slice per offset": {(conv_cpu, "_patches"): per_offset_patches},
                     "one dimension at a time (engine)": {}}
     elif args.compare == "input-grad":
         variants = {"patches of the output gradient": {

@@ -21,7 +21,7 @@ def _roots(tensors: Optional[List[torch.Tensor]]):
 def _get_xla_tensors_text(tensors: List[torch.Tensor]) -> str:
     """The IR graph computing `tensors`, one node per line."""
     roots = _roots(tensors)
-    order = ir.post_order([n for n, _ in roots])
+    order = graph_executor.Graph(roots).order
     names = {}
     lines = ["IR {"]
     for n in order:

@@ -149,24 +149,3 @@ class Constant(Node):
     @property
     def is_leaf(self) -> bool:
         return True
-
-
-def post_order(roots):
-    """Nodes reachable from `roots` (a sequence of nodes), operands before users."""
-    order = []
-    seen = set()
-    stack = [(r, False) for r in reversed(roots)]
-    while stack:
-        node, expanded = stack.pop()
-        nid = id(node)
-        if expanded:
-            order.append(node)
-            continue
-        if nid in seen:
-            continue
-        seen.add(nid)
-        stack.append((node, True))
-        for n, _ in reversed(node.operands):
-            if id(n) not in seen:
-                stack.append((n, False))
-    return order
