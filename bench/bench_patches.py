@@ -1,5 +1,5 @@
-"""Formulations of a CNN's lowerings inside a whole training step, in one process: the
-engine's against alternatives kept here.
+"""Formulations of lowerings inside a whole training step, in one process: the engine's
+against alternatives kept here.
 
 --compare patches (default): convolution patch matrices on CPU as one slice per kernel
   offset (k1 * k2 slices; the engine's earlier formulation) vs one spatial dimension at
@@ -12,6 +12,11 @@ engine's against alternatives kept here.
   offsets' strided slices, gradient compared per offset at the windows' resolution vs
   the engine's windows cut by reshape + transpose with an argmax, gradient by repeated
   flat indices (`nn_ops._max_windows`, `nn_ops._tiled_backward`).
+--compare softmax (use --model decoder): softmax as exp(z) / sum(exp(z)) vs the engine's
+  exp(z - log(sum(exp(z)))), z = x - max(x) (`reductions.softmax`). XLA fuses the cheap
+  scaling of exp(z) into every consumer of the probabilities, including the backward, so
+  exp(z) stays alive next to them from the forward to the backward; an exp as the last op
+  is not duplicated, so only the probabilities are kept.
 
     PJRT_DEVICE=CPU python bench/bench_patches.py [--compare patches] [--model mnist] [--rounds 15]
 
@@ -19,7 +24,9 @@ Traces one training step of a benchmark model (bench/models_torch.py) on the xla
 lowers the same graph once per formulation, compiles both (compile time) and runs them in
 alternation on the same buffers (A, B, A, B, ...), so the drift of a shared machine hits
 both alike. Prints StableHLO op counts, compile times, median and minimum step times
-and the largest relative difference between the programs' outputs.
+, XLA's temporary buffer per step and the largest relative difference between the
+programs' outputs. Programs are compiled with the engine's compiler options for the graph
+(as `graph_executor` compiles them) but without donation.
 """
 from __future__ import annotations
 
@@ -149,10 +156,19 @@ def offset_max_pool_backward(g, x, indices, k):
 ENGINE_MAX_POOL = None
 
 
+def divided_softmax(x, dim, half_to_float=False):
+    """`aten::_softmax` as exp(z) / sum(exp(z))."""
+    import jax.numpy as jnp
+    from torch_xla._engine.lowering import reductions
+    z, axis = reductions._softmax_parts(x, dim)
+    e = jnp.exp(z)
+    return reductions._out(e / jnp.sum(e, axis=axis, keepdims=True))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--compare", default="patches", choices=("patches", "input-grad", "maxpool"))
-    p.add_argument("--model", default="mnist", help="mnist or resnet18")
+    p.add_argument("--compare", default="patches", choices=("patches", "input-grad", "maxpool", "softmax"))
+    p.add_argument("--model", default="mnist", help="mnist, resnet18 or decoder")
     p.add_argument("--rounds", type=int, default=15)
     args = p.parse_args(argv)
     import torch
@@ -176,6 +192,9 @@ def main(argv=None):
         variants = {"patches of the output gradient": {
                         (LOWERINGS["convolution_backward.default"], "fn"): convolution_backward_gather},
                     "vjp of the patch product (engine)": {}}
+    elif args.compare == "softmax":
+        variants = {"exp(z) / sum(exp(z))": {(LOWERINGS["_softmax.default"], "fn"): divided_softmax},
+                    "exp(z - logsumexp(z)) (engine)": {}}
     else:
         variants = {"strided slices, offsets": {(nn_ops, "_max_pool"): sliced_max_pool,
                                                 (nn_ops, "_tiled_backward"): offset_max_pool_backward},
@@ -189,7 +208,8 @@ def main(argv=None):
             lowered = jax.jit(graph.build_fn(), keep_unused=True).lower(*params)
             t0 = time.perf_counter()
             exes[name] = lowered.compile(compiler_options=opts) if opts else lowered.compile()
-            info[name] = (lowered.as_text().count("stablehlo."), time.perf_counter() - t0)
+            info[name] = (lowered.as_text().count("stablehlo."), time.perf_counter() - t0,
+                          exes[name].memory_analysis().temp_size_in_bytes / 2 ** 20)
         finally:
             for (obj, attr), impl in saved.items():
                 setattr(obj, attr, impl)
@@ -205,11 +225,11 @@ def main(argv=None):
             times[name].append(time.perf_counter() - t0)
     print(f"`PJRT_DEVICE=CPU python bench/bench_patches.py --compare {args.compare} --model {args.model} "
           f"--rounds {args.rounds}`\n")
-    print(f"| {args.compare} | StableHLO ops | compile s | step ms (median) | step ms (min) |")
-    print("|---|---|---|---|---|")
+    print(f"| {args.compare} | StableHLO ops | compile s | temp buffer MiB | step ms (median) | step ms (min) |")
+    print("|---|---|---|---|---|---|")
     for name in exes:
-        ops, cs = info[name]
-        print(f"| {name} | {ops} | {cs:.2f} | {statistics.median(times[name]) * 1e3:.1f} | "
+        ops, cs, temp = info[name]
+        print(f"| {name} | {ops} | {cs:.2f} | {temp:,.0f} | {statistics.median(times[name]) * 1e3:.1f} | "
               f"{min(times[name]) * 1e3:.1f} |")
     print(f"\nlargest relative difference between the programs' outputs: {diff:.1e}")
 

@@ -1171,9 +1171,9 @@ def safe_softmax(x, dim, dtype=None):
     x = _opmath(x)
     m = jnp.max(x, axis=dim, keepdims=True)
     all_masked = jnp.isneginf(m)
-    e = jnp.exp(x - jnp.where(all_masked, jnp.zeros((), x.dtype), m))
-    s = jnp.sum(e, axis=dim, keepdims=True)
-    y = e / s
+    z = x - jnp.where(all_masked, jnp.zeros((), x.dtype), m)
+    # exp as the last op, as in reductions.softmax: XLA keeps only the probabilities.
+    y = jnp.exp(z - jnp.log(jnp.sum(jnp.exp(z), axis=dim, keepdims=True)))
     return jnp.where(all_masked, jnp.zeros((), x.dtype), y)
 
 

@@ -452,9 +452,14 @@ def _softmax_meta(op_name):
 
 @lowering("aten::_softmax", meta=_softmax_meta("_softmax"))
 def softmax(x, dim, half_to_float=False):
+    # exp(z) / sum would be cheaper, but XLA fuses that cheap scaling into every consumer
+    # of the probabilities, the backward included, so exp(z) stays alive beside them from
+    # forward to backward; an exp as the last op is not duplicated, so only the
+    # probabilities are kept (bench_patches.py --compare softmax: 256 MiB less per decoder
+    # step, same time).
     z, axis = _softmax_parts(x, dim)
-    e = jnp.exp(z)
-    return _out(e / jnp.sum(e, axis=axis, keepdims=True))
+    lse = jnp.log(jnp.sum(jnp.exp(z), axis=axis, keepdims=True))
+    return _out(jnp.exp(z - lse))
 
 
 @lowering("aten::_log_softmax", meta=_softmax_meta("_log_softmax"))
