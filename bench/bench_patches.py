@@ -4,6 +4,10 @@ against alternatives kept here.
 --compare patches (default): convolution patch matrices on CPU as one slice per kernel
   offset (k1 * k2 slices; the engine's earlier formulation) vs one spatial dimension at
   a time (k1 + k2 slices, `lowering/conv_cpu._patches`).
+--compare patch-grad: the patches' gradient (the input gradient before the padding is
+  cut off) as one sum, over every kernel offset, of that offset's slice of the patch
+  gradient padded back into place, vs `jax.vjp` of the engine's patches (one stage of
+  pads and adds per spatial dimension).
 --compare input-grad: a convolution's input gradient as patches of the (dilated,
   padded) output gradient times the flipped kernel (a gather and one product) vs the
   engine's `jax.vjp` of the patch product (the patch gradient scattered back by pads
@@ -156,6 +160,41 @@ def offset_max_pool_backward(g, x, indices, k):
 ENGINE_MAX_POOL = None
 
 
+def one_stage_grad_patches(xp, k, out, stride, dilation):
+    """`conv_cpu._patches` (same forward) whose gradient is one sum, over every kernel
+    offset, of the offset's patch-gradient slice padded back to the input's place,
+    instead of `jax.vjp`'s two stages (one per spatial dimension)."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    nsp = len(k)
+
+    @jax.custom_vjp
+    def patches(v):
+        return ENGINE_PATCHES(v, k, out, stride, dilation)
+
+    def fwd(v):
+        return patches(v), None
+
+    def bwd(_, g):
+        zero = jnp.zeros((), g.dtype)
+        total = None
+        for off in itertools.product(*(range(kk) for kk in k)):
+            gi = g[(slice(None),) * (1 + nsp) + off]          # (n, out..., c)
+            cfg = [(0, 0, 0)]
+            for i in range(nsp):
+                lo = off[i] * dilation[i]
+                span = (out[i] - 1) * stride[i] + 1
+                cfg.append((lo, xp.shape[1 + i] - lo - span, stride[i] - 1))
+            cfg.append((0, 0, 0))
+            term = lax.pad(gi, zero, cfg)
+            total = term if total is None else total + term
+        return (total,)
+
+    patches.defvjp(fwd, bwd)
+    return patches(xp)
+
+
 def divided_softmax(x, dim, half_to_float=False):
     """`aten::_softmax` as exp(z) / sum(exp(z))."""
     import jax.numpy as jnp
@@ -167,7 +206,7 @@ def divided_softmax(x, dim, half_to_float=False):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--compare", default="patches", choices=("patches", "input-grad", "maxpool", "softmax"))
+    p.add_argument("--compare", default="patches", choices=("patches", "patch-grad", "input-grad", "maxpool", "softmax"))
     p.add_argument("--model", default="mnist", help="mnist, resnet18 or decoder")
     p.add_argument("--rounds", type=int, default=15)
     args = p.parse_args(argv)
@@ -182,12 +221,16 @@ def main(argv=None):
     torch.set_num_threads(2)
     graph, params = common.traced_step_graph(models_torch.workload(args.model))
     opts = graph_executor.compiler_options(graph)
-    global ENGINE_MAX_POOL
+    global ENGINE_MAX_POOL, ENGINE_PATCHES
+    ENGINE_PATCHES = conv_cpu._patches
     from torch_xla._engine.lowering import LOWERINGS, nn_ops
     ENGINE_MAX_POOL = nn_ops._max_pool
     if args.compare == "patches":
         variants = {"one slice per offset": {(conv_cpu, "_patches"): per_offset_patches},
                     "one dimension at a time (engine)": {}}
+    elif args.compare == "patch-grad":
+        variants = {"one sum over kernel offsets": {(conv_cpu, "_patches"): one_stage_grad_patches},
+                    "vjp, one stage per dimension (engine)": {}}
     elif args.compare == "input-grad":
         variants = {"patches of the output gradient": {
                         (LOWERINGS["convolution_backward.default"], "fn"): convolution_backward_gather},
