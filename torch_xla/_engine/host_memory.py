@@ -4,8 +4,8 @@ On the CPU device XLA's buffers are C-heap memory. glibc serves a request over i
 threshold (at most 32 MiB), and every large request of a thread other than the main one,
 with a fresh `mmap` and returns it with `munmap` on free, so each execution of a program
 with a large temporary buffer touches all of it anew: one page fault per 4 KiB. The
-decoder training step of bench/ allocates a 1.15 GiB temporary buffer per execution,
-about 300,000 faults per step, and a first touch costs about 4 us per page on this kind
+decoder training step of bench/ allocates a 0.9 GiB temporary buffer per execution,
+about 235,000 faults per step, and a first touch costs about 4 us per page on this kind
 of virtual machine (`bench/bench_host_memory.py`).
 
 `configure()` keeps the memory instead: one malloc arena for all threads (a non-main
