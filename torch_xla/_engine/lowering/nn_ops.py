@@ -17,6 +17,7 @@ import torch
 from jax import lax
 
 from . import conv_cpu, ctx, lowering, out_dtype, out_shape
+from .reductions import log_softmax_of
 from .. import runtime
 
 _HI = lax.Precision.HIGHEST
@@ -1173,7 +1174,7 @@ def safe_softmax(x, dim, dtype=None):
     all_masked = jnp.isneginf(m)
     z = x - jnp.where(all_masked, jnp.zeros((), x.dtype), m)
     # exp as the last op, as in reductions.softmax: XLA keeps only the probabilities.
-    y = jnp.exp(z - jnp.log(jnp.sum(jnp.exp(z), axis=dim, keepdims=True)))
+    y = jnp.exp(log_softmax_of(z, dim))
     return jnp.where(all_masked, jnp.zeros((), x.dtype), y)
 
 

@@ -440,6 +440,12 @@ def _softmax_parts(x, dim):
     return z, axis
 
 
+def log_softmax_of(z, axis):
+    """log_softmax of `z` along `axis` (z already shifted by its maximum); softmax is its
+    exp (see `softmax`)."""
+    return z - jnp.log(jnp.sum(jnp.exp(z), axis=axis, keepdims=True))
+
+
 def _softmax_meta(op_name):
     """PyTorch's meta kernel for (log_)softmax does not check `dim`; the CPU does."""
     def meta(x, dim, half_to_float):
@@ -458,14 +464,13 @@ def softmax(x, dim, half_to_float=False):
     # probabilities are kept (bench_patches.py --compare softmax: 256 MiB less per decoder
     # step, same time).
     z, axis = _softmax_parts(x, dim)
-    lse = jnp.log(jnp.sum(jnp.exp(z), axis=axis, keepdims=True))
-    return _out(jnp.exp(z - lse))
+    return _out(jnp.exp(log_softmax_of(z, axis)))
 
 
 @lowering("aten::_log_softmax", meta=_softmax_meta("_log_softmax"))
 def log_softmax(x, dim, half_to_float=False):
     z, axis = _softmax_parts(x, dim)
-    return _out(z - jnp.log(jnp.sum(jnp.exp(z), axis=axis, keepdims=True)))
+    return _out(log_softmax_of(z, axis))
 
 
 @lowering("aten::_softmax_backward_data")
