@@ -157,7 +157,9 @@ def offset_max_pool_backward(g, x, indices, k):
     return jnp.pad(y, [(0, 0)] * lead + [(0, isz[i] - y.shape[lead + i]) for i in range(n)])
 
 
+# The engine's own functions, for alternatives that fall back to or wrap them (set in main).
 ENGINE_MAX_POOL = None
+ENGINE_PATCHES = None
 
 
 def one_stage_grad_patches(xp, k, out, stride, dilation):
