@@ -1,13 +1,18 @@
 """Formulations of lowerings inside a whole training step, in one process: the engine's
 against alternatives kept here.
 
+--compare patch-layout: the convolution patch matrix on CPU channels-last (rows (n,
+  out...), columns (k..., c): the engine's earlier layout) vs transposed (rows (c, k...),
+  columns (n, out...): `lowering/conv_cpu.conv_im2col`).
 --compare patches (default): convolution patch matrices on CPU as one slice per kernel
-  offset (k1 * k2 slices; the engine's earlier formulation) vs one spatial dimension at
-  a time (k1 + k2 slices, `lowering/conv_cpu._patches`).
+  offset (k1 * k2 slices) vs one spatial dimension at a time (k1 + k2 slices,
+  `lowering/conv_cpu._stacked_slices`).
+--compare chunks [--chunk N]: one patch product per slice of N images of the batch
+  (patch matrices small enough to stay in cache), concatenated, vs one per convolution.
 --compare patch-grad: the patches' gradient (the input gradient before the padding is
-  cut off) as one sum, over every kernel offset, of that offset's slice of the patch
-  gradient padded back into place, vs `jax.vjp` of the engine's patches (one stage of
-  pads and adds per spatial dimension).
+  cut off) as `jax.vjp` of the stacked slices (one stage of pads and adds per spatial
+  dimension) vs one sum, over every kernel offset, of that offset's slice of the patch
+  gradient padded back into place (`conv_cpu._patches_bwd`).
 --compare input-grad: a convolution's input gradient as patches of the (dilated,
   padded) output gradient times the flipped kernel (a gather and one product) vs the
   engine's `jax.vjp` of the patch product (the patch gradient scattered back by pads
@@ -45,17 +50,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def per_offset_patches(xp, k, out, stride, dilation):
-    """`conv_cpu._patches` as one strided slice of the padded input per kernel offset
-    (k1 * k2 slices), stacked into the same (n, out..., k..., c) layout."""
+    """`conv_cpu._stacked_slices` as one strided slice of the padded (C, N, spatial...) input per
+    kernel offset (k1 * k2 slices), stacked into the same (c, k..., n, out...) layout."""
     import jax.numpy as jnp
     from jax import lax
-    n, c = xp.shape[0], xp.shape[-1]
+    c, n = xp.shape[:2]
     slices = []
     for off in itertools.product(*(range(kk) for kk in k)):
-        start = (0,) + tuple(a * d for a, d in zip(off, dilation)) + (0,)
-        limit = (n,) + tuple(st + (m - 1) * s + 1 for st, m, s in zip(start[1:-1], out, stride)) + (c,)
-        slices.append(lax.slice(xp, start, limit, (1,) + tuple(stride) + (1,)))
-    return jnp.stack(slices, axis=-2).reshape((n,) + tuple(out) + tuple(k) + (c,))
+        start = (0, 0) + tuple(a * d for a, d in zip(off, dilation))
+        limit = (c, n) + tuple(st + (m - 1) * s + 1 for st, m, s in zip(start[2:], out, stride))
+        slices.append(lax.slice(xp, start, limit, (1, 1) + tuple(stride)))
+    return jnp.stack(slices, axis=1).reshape((c,) + tuple(k) + (n,) + tuple(out))
 
 
 def gather_input_grad(g, x_shape, w, stride, padding, dilation):
@@ -159,42 +164,47 @@ def offset_max_pool_backward(g, x, indices, k):
 
 # The engine's own functions, for alternatives that fall back to or wrap them (set in main).
 ENGINE_MAX_POOL = None
-ENGINE_PATCHES = None
+ENGINE_IM2COL = None
 
 
-def one_stage_grad_patches(xp, k, out, stride, dilation):
-    """`conv_cpu._patches` (same forward) whose gradient is one sum, over every kernel
-    offset, of the offset's patch-gradient slice padded back to the input's place,
-    instead of `jax.vjp`'s two stages (one per spatial dimension)."""
-    import jax
+CHUNK_ROWS = 8
+
+
+def chunked_conv_im2col(x, w, stride, padding, dilation):
+    """`conv_cpu.conv_im2col` over slices of the batch (CHUNK_ROWS images each), results
+    concatenated: each slice's patch matrix is a fraction of the whole one, small enough
+    to still be in cache when its product (and, backward, its gradient) reads it."""
+    import jax.numpy as jnp
+    n = x.shape[0]
+    if n <= CHUNK_ROWS:
+        return ENGINE_IM2COL(x, w, stride, padding, dilation)
+    parts = [ENGINE_IM2COL(x[i:i + CHUNK_ROWS], w, stride, padding, dilation)
+             for i in range(0, n, CHUNK_ROWS)]
+    return jnp.concatenate(parts, axis=0)
+
+
+def channels_last_im2col(x, w, stride, padding, dilation):
+    """`conv_cpu.conv_im2col` with the patch matrix channels-last (the engine's earlier
+    layout): rows (n, out...), columns (k..., c), cut from the input moved to
+    (N, spatial..., C); the weights are reordered to (k..., C, O) to multiply it from the
+    right, and the product (N, out..., O) is moved back to NC...."""
+    import math
     import jax.numpy as jnp
     from jax import lax
-    nsp = len(k)
-
-    @jax.custom_vjp
-    def patches(v):
-        return ENGINE_PATCHES(v, k, out, stride, dilation)
-
-    def fwd(v):
-        return patches(v), None
-
-    def bwd(_, g):
-        zero = jnp.zeros((), g.dtype)
-        total = None
-        for off in itertools.product(*(range(kk) for kk in k)):
-            gi = g[(slice(None),) * (1 + nsp) + off]          # (n, out..., c)
-            cfg = [(0, 0, 0)]
-            for i in range(nsp):
-                lo = off[i] * dilation[i]
-                span = (out[i] - 1) * stride[i] + 1
-                cfg.append((lo, xp.shape[1 + i] - lo - span, stride[i] - 1))
-            cfg.append((0, 0, 0))
-            term = lax.pad(gi, zero, cfg)
-            total = term if total is None else total + term
-        return (total,)
-
-    patches.defvjp(fwd, bwd)
-    return patches(xp)
+    from torch_xla._engine.lowering import conv_cpu
+    nsp = x.ndim - 2
+    n, c = x.shape[:2]
+    o = w.shape[0]
+    k = w.shape[2:]
+    out = tuple(conv_cpu._out_size(x.shape[2 + i], k[i], stride[i], padding[i], dilation[i]) for i in range(nsp))
+    cur = jnp.pad(jnp.moveaxis(x, 1, -1), ((0, 0),) + tuple((p, p) for p in padding) + ((0, 0),))
+    for i in range(nsp):
+        cur = jnp.stack([lax.slice_in_dim(cur, off * dilation[i], off * dilation[i] + (out[i] - 1) * stride[i] + 1,
+                                          stride[i], axis=1 + i) for off in range(k[i])], axis=-2)
+    patches = cur.reshape((n * math.prod(out), math.prod(k) * c))
+    wm = jnp.moveaxis(w, (0, 1), (-1, -2)).reshape((math.prod(k) * c, o))
+    y = jnp.matmul(patches, wm, precision=lax.Precision.HIGHEST).reshape((n,) + out + (o,))
+    return jnp.moveaxis(y, -1, 1)
 
 
 def divided_softmax(x, dim, half_to_float=False):
@@ -208,7 +218,9 @@ def divided_softmax(x, dim, half_to_float=False):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--compare", default="patches", choices=("patches", "patch-grad", "input-grad", "maxpool", "softmax"))
+    p.add_argument("--compare", default="patches", choices=("patches", "patch-grad", "input-grad", "maxpool", "softmax",
+                                                    "chunks", "patch-layout"))
+    p.add_argument("--chunk", type=int, default=16, help="--compare chunks: images per slice of the batch")
     p.add_argument("--model", default="mnist", help="mnist, resnet18 or decoder")
     p.add_argument("--rounds", type=int, default=15)
     args = p.parse_args(argv)
@@ -223,16 +235,17 @@ def main(argv=None):
     torch.set_num_threads(2)
     graph, params = common.traced_step_graph(models_torch.workload(args.model))
     opts = graph_executor.compiler_options(graph)
-    global ENGINE_MAX_POOL, ENGINE_PATCHES
-    ENGINE_PATCHES = conv_cpu._patches
+    global ENGINE_MAX_POOL, ENGINE_IM2COL, CHUNK_ROWS
+    ENGINE_IM2COL = conv_cpu.conv_im2col
+    CHUNK_ROWS = args.chunk
     from torch_xla._engine.lowering import LOWERINGS, nn_ops
     ENGINE_MAX_POOL = nn_ops._max_pool
     if args.compare == "patches":
-        variants = {"one slice per offset": {(conv_cpu, "_patches"): per_offset_patches},
+        variants = {"one slice per offset": {(conv_cpu, "_stacked_slices"): per_offset_patches},
                     "one dimension at a time (engine)": {}}
     elif args.compare == "patch-grad":
-        variants = {"one sum over kernel offsets": {(conv_cpu, "_patches"): one_stage_grad_patches},
-                    "vjp, one stage per dimension (engine)": {}}
+        variants = {"vjp of the slices, one stage per dimension": {(conv_cpu, "_patches"): conv_cpu._stacked_slices},
+                    "one sum over kernel offsets (engine)": {}}
     elif args.compare == "input-grad":
         variants = {"patches of the output gradient": {
                         (LOWERINGS["convolution_backward.default"], "fn"): convolution_backward_gather},
@@ -240,6 +253,12 @@ def main(argv=None):
     elif args.compare == "softmax":
         variants = {"exp(z) / sum(exp(z))": {(LOWERINGS["_softmax.default"], "fn"): divided_softmax},
                     "exp(z - logsumexp(z)) (engine)": {}}
+    elif args.compare == "chunks":
+        variants = {f"patch products per {args.chunk} images": {(conv_cpu, "conv_im2col"): chunked_conv_im2col},
+                    "one patch product per convolution (engine)": {}}
+    elif args.compare == "patch-layout":
+        variants = {"channels last: (n out...) x (k... c)": {(conv_cpu, "conv_im2col"): channels_last_im2col},
+                    "transposed: (c k...) x (n out...) (engine)": {}}
     else:
         variants = {"strided slices, offsets": {(nn_ops, "_max_pool"): sliced_max_pool,
                                                 (nn_ops, "_tiled_backward"): offset_max_pool_backward},

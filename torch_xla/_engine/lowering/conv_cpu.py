@@ -22,8 +22,11 @@ maps, where Eigen does well) does the convolution stay XLA's. Other platforms al
 """
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -37,36 +40,74 @@ def _out_size(n, k, s, p, d):
     return (n + 2 * p - d * (k - 1) - 1) // s + 1
 
 
-def _patches(xp, k, out, stride, dilation):
-    """(n, out..., k..., c) from the padded channels-last input: k1 strided slices along
-    the first spatial dimension, then k2 slices of those along the second, ...: k1 + k2
-    slices rather than one per kernel offset (k1 * k2)."""
+def _stacked_slices(xp, k, out, stride, dilation):
+    """(c, k..., n, out...) from the padded input in (C, N, spatial...) order: k1 strided
+    slices along the first spatial dimension, then k2 slices of those along the second,
+    ...: k1 + k2 slices rather than one per kernel offset (k1 * k2)."""
     cur = xp
     for i in range(len(k)):
+        ax = 2 + 2 * i      # after c, the i kernel axes stacked so far, n and i spatial axes
         cur = jnp.stack([lax.slice_in_dim(cur, off * dilation[i], off * dilation[i] + (out[i] - 1) * stride[i] + 1,
-                                          stride[i], axis=1 + i) for off in range(k[i])], axis=-2)
+                                          stride[i], axis=ax) for off in range(k[i])], axis=1 + i)
     return cur
 
 
-def conv_im2col(x, w, stride, padding, dilation):
-    """Patches of the channels-last input times the weights.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5))
+def _patches_of(xp, size, k, out, stride, dilation):
+    return _stacked_slices(xp, k, out, stride, dilation)
 
-    Cutting the patches one spatial dimension at a time gives XLA fewer, larger slices
-    than one slice per kernel offset: `bench/bench_patches.py` (both in one process)
-    measured the MNIST training step at 25.1 -> 20.9 ms and its compilation at 4.75 ->
-    2.56 s; ResNet-18's step within this machine's noise (three runs: +7%, +2%, -2%), its
-    compilation 8-23% shorter."""
+
+def _patches_fwd(xp, size, k, out, stride, dilation):
+    return _stacked_slices(xp, k, out, stride, dilation), None
+
+
+def _patches_bwd(size, k, out, stride, dilation, _, g):
+    # One sum, over the kernel offsets, of each offset's gradient slice padded (interior
+    # padding = stride - 1) back to where it was cut: `bench/bench_patches.py --compare
+    # patch-grad` measured it faster than jax's vjp of the stacked slices (one stage of
+    # pads and adds per spatial dimension): MNIST step 9.8 -> 8.8 ms, ResNet-18 230 -> 220.
+    zero = jnp.zeros((), g.dtype)
+    total = None
+    for off in itertools.product(*(range(kk) for kk in k)):
+        cfg = [(0, 0, 0), (0, 0, 0)]
+        for i, o in enumerate(off):
+            lo = o * dilation[i]
+            cfg.append((lo, size[i] - lo - (out[i] - 1) * stride[i] - 1, stride[i] - 1))
+        term = lax.pad(g[(slice(None),) + off], zero, cfg)
+        total = term if total is None else total + term
+    return (total,)
+
+
+_patches_of.defvjp(_patches_fwd, _patches_bwd)
+
+
+def _patches(xp, k, out, stride, dilation):
+    """The patches of the padded (C, N, spatial...) input, (c, k..., n, out...), whose
+    gradient is one sum over the kernel offsets."""
+    return _patches_of(xp, tuple(xp.shape[2:]), tuple(k), tuple(out), tuple(stride), tuple(dilation))
+
+
+def conv_im2col(x, w, stride, padding, dilation):
+    """The weights (O, C*k) times the transposed patch matrix (C*k, N*out).
+
+    The patch matrix's rows are (channel, kernel offset) and its columns (image, output
+    position), cut from the input in (C, N, spatial...) order: its contiguous runs are
+    output rows, and the weights multiply it as they are. The channels-last matrix
+    (rows (image, position), columns (offset, channel)) has runs of C values, short
+    where convolutions are cheap; `bench/bench_patches.py --compare channels-first`
+    measured its MNIST step at 11.2 vs 9.5 ms and ResNet-18's at 313 vs 235 ms.
+    Cutting one spatial dimension at a time gives XLA fewer, larger slices than one
+    slice per kernel offset (`--compare patches`); the patches' gradient is one sum of
+    padded slices (`_patches_bwd`)."""
     nsp = x.ndim - 2
     n, c = x.shape[:2]
     o = w.shape[0]
     k = w.shape[2:]
     out = tuple(_out_size(x.shape[2 + i], k[i], stride[i], padding[i], dilation[i]) for i in range(nsp))
-    xp = jnp.pad(jnp.moveaxis(x, 1, -1), ((0, 0),) + tuple((p, p) for p in padding) + ((0, 0),))
-    patches = _patches(xp, k, out, stride, dilation).reshape((n * math.prod(out), math.prod(k) * c))
-    # (O, C, k...) -> (k..., C, O): the order of the patch matrix's columns.
-    wm = jnp.moveaxis(w, (0, 1), (-1, -2)).reshape((math.prod(k) * c, o))
-    y = jnp.matmul(patches, wm, precision=_HI).reshape((n,) + out + (o,))
-    return jnp.moveaxis(y, -1, 1)
+    xp = jnp.pad(jnp.swapaxes(x, 0, 1), ((0, 0), (0, 0)) + tuple((p, p) for p in padding))
+    pt = _patches(xp, k, out, stride, dilation).reshape((c * math.prod(k), n * math.prod(out)))
+    y = jnp.matmul(w.reshape((o, c * math.prod(k))), pt, precision=_HI)
+    return jnp.swapaxes(y.reshape((o, n) + out), 0, 1)
 
 
 def dimension_numbers(nsp: int):
