@@ -207,6 +207,68 @@ def channels_last_im2col(x, w, stride, padding, dilation):
     return jnp.moveaxis(y, -1, 1)
 
 
+def per_image_im2col(x, w, stride, padding, dilation):
+    """`conv_cpu.conv_im2col` with one patch matrix per image, (n, c k..., out...), cut
+    from the input in its own NC... order: the forward is a batched product over the
+    images with NC... output as it is, the weight gradient a batched product summed over
+    the images, the input gradient a batched product and one sum of padded slices. No
+    operand is transposed."""
+    import functools
+    import math
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from torch_xla._engine.lowering import conv_cpu
+    nsp = x.ndim - 2
+    n, c = x.shape[:2]
+    o = w.shape[0]
+    k = tuple(w.shape[2:])
+    out = tuple(conv_cpu._out_size(x.shape[2 + i], k[i], stride[i], padding[i], dilation[i]) for i in range(nsp))
+    ck, npos = c * math.prod(k), math.prod(out)
+    hi = lax.Precision.HIGHEST
+    bdims = (((2,), (1,)), ((0,), (0,)))
+
+    def patches(xp):
+        cur = xp
+        for i in range(nsp):
+            ax = 2 + 2 * i
+            cur = jnp.stack([lax.slice_in_dim(cur, off * dilation[i], off * dilation[i] + (out[i] - 1) * stride[i] + 1,
+                                              stride[i], axis=ax) for off in range(k[i])], axis=2 + i)
+        return cur.reshape((n, ck, npos))
+
+    @jax.custom_vjp
+    def conv(xx, ww):
+        return fwd(xx, ww)[0]
+
+    def fwd(xx, ww):
+        xp = jnp.pad(xx, ((0, 0), (0, 0)) + tuple((p, p) for p in padding))
+        pt = patches(xp)
+        wb = jnp.broadcast_to(ww.reshape((1, o, ck)), (n, o, ck))
+        y = lax.dot_general(wb, pt, bdims, precision=hi)
+        return y.reshape((n, o) + out), (pt, ww, xp.shape)
+
+    def bwd(res, g):
+        pt, ww, xps = res
+        g = g.reshape((n, o, npos))
+        gw = lax.dot_general(g, pt, (((2,), (2,)), ((0,), (0,))), precision=hi).sum(0).reshape(ww.shape)
+        wt = jnp.broadcast_to(ww.reshape((1, o, ck)).swapaxes(1, 2), (n, ck, o))
+        gp = lax.dot_general(wt, g, bdims, precision=hi).reshape((n, c) + k + out)
+        zero = jnp.zeros((), g.dtype)
+        total = None
+        for off in itertools.product(*(range(kk) for kk in k)):
+            cfg = [(0, 0, 0), (0, 0, 0)]
+            for i, of in enumerate(off):
+                lo = of * dilation[i]
+                cfg.append((lo, xps[2 + i] - lo - (out[i] - 1) * stride[i] - 1, stride[i] - 1))
+            term = lax.pad(gp[(slice(None), slice(None)) + off], zero, cfg)
+            total = term if total is None else total + term
+        gx = total[(slice(None), slice(None)) + tuple(slice(p, p + s) for p, s in zip(padding, x.shape[2:]))]
+        return gx, gw
+
+    conv.defvjp(lambda xx, ww: fwd(xx, ww), bwd)
+    return conv(x, w)
+
+
 def divided_softmax(x, dim, half_to_float=False):
     """`aten::_softmax` as exp(z) / sum(exp(z))."""
     import jax.numpy as jnp
@@ -258,6 +320,7 @@ def main(argv=None):
                     "one patch product per convolution (engine)": {}}
     elif args.compare == "patch-layout":
         variants = {"channels last: (n out...) x (k... c)": {(conv_cpu, "conv_im2col"): channels_last_im2col},
+                    "per image: (n, c k..., out...)": {(conv_cpu, "conv_im2col"): per_image_im2col},
                     "transposed: (c k...) x (n out...) (engine)": {}}
     else:
         variants = {"strided slices, offsets": {(nn_ops, "_max_pool"): sliced_max_pool,
