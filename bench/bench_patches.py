@@ -14,9 +14,9 @@ against alternatives kept here.
   dimension) vs one sum, over every kernel offset, of that offset's slice of the patch
   gradient padded back into place (`conv_cpu._patches_bwd`).
 --compare input-grad: a convolution's input gradient as patches of the (dilated,
-  padded) output gradient times the flipped kernel (a gather and one product) vs the
-  engine's `jax.vjp` of the patch product (the patch gradient scattered back by pads
-  and adds).
+  padded) output gradient times the flipped kernel (a gather and one product), or (stride
+  1) as XLA's own convolution, vs the engine's `jax.vjp` of the patch product (the patch
+  gradient scattered back by pads and adds).
 --compare maxpool: max pooling over tiling windows as a running max over the window
   offsets' strided slices, gradient compared per offset at the windows' resolution vs
   the engine's windows cut by reshape + transpose with an argmax, gradient by repeated
@@ -269,6 +269,33 @@ def per_image_im2col(x, w, stride, padding, dilation):
     return conv(x, w)
 
 
+def xla_input_grad_im2col(x, w, stride, padding, dilation):
+    """The engine's `conv_cpu.conv_im2col` (forward, weight gradient) with the input
+    gradient of a stride-1 convolution as XLA's own convolution of the padded output
+    gradient with the flipped, transposed kernel (what `jax.vjp` of `conv_cpu.conv_lax`
+    gives), instead of the patch gradient's sum of padded slices."""
+    import jax
+    from torch_xla._engine.lowering import conv_cpu
+    if any(s != 1 for s in stride):
+        return ENGINE_IM2COL(x, w, stride, padding, dilation)
+
+    @jax.custom_vjp
+    def conv(xx, ww):
+        return ENGINE_IM2COL(xx, ww, stride, padding, dilation)
+
+    def fwd(xx, ww):
+        return conv(xx, ww), (xx, ww)
+
+    def bwd(res, g):
+        xx, ww = res
+        gw = jax.vjp(lambda b: ENGINE_IM2COL(xx, b, stride, padding, dilation), ww)[1](g)[0]
+        gx = jax.vjp(lambda a: conv_cpu.conv_lax(a, ww, stride, padding, dilation), xx)[1](g)[0]
+        return gx, gw
+
+    conv.defvjp(fwd, bwd)
+    return conv(x, w)
+
+
 def divided_softmax(x, dim, half_to_float=False):
     """`aten::_softmax` as exp(z) / sum(exp(z))."""
     import jax.numpy as jnp
@@ -311,6 +338,7 @@ def main(argv=None):
     elif args.compare == "input-grad":
         variants = {"patches of the output gradient": {
                         (LOWERINGS["convolution_backward.default"], "fn"): convolution_backward_gather},
+                    "XLA's convolution (stride 1)": {(conv_cpu, "conv_im2col"): xla_input_grad_im2col},
                     "vjp of the patch product (engine)": {}}
     elif args.compare == "softmax":
         variants = {"exp(z) / sum(exp(z))": {(LOWERINGS["_softmax.default"], "fn"): divided_softmax},

@@ -547,13 +547,15 @@ def _k_native_batch_norm(x, w, b, rm, rv, training, momentum, eps):
     # and are empty in evaluation mode, as on the CPU.
     stat_dtype = rm.dtype if rm is not None else x.dtype
     if not training:
-        y = aten._native_batch_norm_legit_no_training(x, w, b, rm, rv, momentum, eps)[0]
+        y = aten._native_batch_norm_legit_no_training.default(x, w, b, rm, rv, momentum, eps)[0]
         empty = torch.empty((0,), dtype=stat_dtype, device=x.device)
         return y, empty, empty.clone()
     if rm is not None or rv is not None:
         if rm is None or rv is None:
             raise RuntimeError("native_batch_norm: running_mean and running_var must be both given or both None")
-        y, mean, invstd, nrm, nrv = aten._native_batch_norm_legit_functional(x, w, b, rm, rv, True, momentum, eps)
+        # The overload itself, not the packet: the packet resolves its overload per call.
+        y, mean, invstd, nrm, nrv = aten._native_batch_norm_legit_functional.default(
+            x, w, b, rm, rv, True, momentum, eps)
         dispatch.k_copy_(rm, nrm)
         dispatch.k_copy_(rv, nrv)
     else:
