@@ -88,6 +88,7 @@ def main(argv=None):
         chunks.append("".join(lines))
     print(f"[suite: {time.time() - t_all:.0f} s]", file=sys.stderr, flush=True)
     if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             f.write("\n".join(chunks))
     if failed:

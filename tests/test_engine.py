@@ -297,18 +297,24 @@ def test_none_outputs_of_backward_ops():
     assert_same(gwd, gw, rtol=1e-5, atol=1e-5)
 
 
-def test_attention_sized_batched_matmul_compiles_without_ynnpack_fusions():
-    # graph_executor.compiler_options: programs with a large batched matrix product are
-    # compiled without XLA:CPU's YNNPACK fusions (measured faster); values stay the CPU's.
-    from torch_xla._engine import graph_executor, ir
+def test_attention_sized_batched_matmul_compiles_without_ynnpack_fusions(monkeypatch):
+    # graph_executor.compiler_options: without AVX-512, programs with a large batched
+    # matrix product are compiled without XLA:CPU's YNNPACK fusions (measured faster);
+    # with it they keep them. Values stay the CPU's either way.
+    from torch_xla._engine import graph_executor, ir, runtime
     from torch_xla._engine.tensor import pending
     a, b = torch.randn(8, 512, 64), torch.randn(8, 64, 1024)
     small = (a[:, :4] @ b[:, :, :4]).softmax(-1)
     big = (a.to(xm.xla_device()) @ b.to(xm.xla_device())).softmax(-1)
     roots = [(s.node, s.idx) for s in pending.take_live() if type(s.node) is not ir.DeviceData]
-    opts = graph_executor.compiler_options(graph_executor.Graph(roots))
+    graph = graph_executor.Graph(roots)
     if "xla_cpu_experimental_ynn_fusion_type" not in os.environ.get("XLA_FLAGS", ""):
-        assert opts == {"xla_cpu_experimental_ynn_fusion_type": ""}
+        monkeypatch.setattr(runtime, "_HOST_CPU_FLAGS", frozenset({"avx2", "fma"}))
+        assert graph_executor.compiler_options(graph) == {"xla_cpu_experimental_ynn_fusion_type": ""}
+        monkeypatch.setattr(runtime, "_HOST_CPU_FLAGS", frozenset({"avx2", "fma", "avx512f"}))
+        assert graph_executor.compiler_options(graph) == {}
+        monkeypatch.undo()
+    del graph
     xa, xb = a[:, :4].to(xm.xla_device()), b[:, :, :4].to(xm.xla_device())
     xsmall = (xa @ xb).softmax(-1)
     roots = [(s.node, s.idx) for s in pending.take_live() if type(s.node) is not ir.DeviceData]

@@ -92,6 +92,26 @@ def platform() -> str:
     return _state["platform"]
 
 
+_HOST_CPU_FLAGS: Optional[frozenset] = None
+
+
+def host_cpu_flags() -> frozenset:
+    """The host CPU's feature flags as Linux reports them (empty where it does not)."""
+    global _HOST_CPU_FLAGS
+    if _HOST_CPU_FLAGS is None:
+        flags = frozenset()
+        try:
+            with open("/proc/cpuinfo") as f:
+                for line in f:
+                    if line.startswith("flags"):
+                        flags = frozenset(line.split(":", 1)[1].split())
+                        break
+        except OSError:
+            pass
+        _HOST_CPU_FLAGS = flags
+    return _HOST_CPU_FLAGS
+
+
 def local_devices():
     """The jax devices this process owns, in ordinal order."""
     if _state["devices"] is None:
