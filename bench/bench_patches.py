@@ -50,8 +50,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def per_offset_patches(xp, k, out, stride, dilation):
-    """`conv_cpu._stacked_slices` as one strided slice of the padded (C, N, spatial...) input per
-    kernel offset (k1 * k2 slices), stacked into the same (c, k..., n, out...) layout."""
+    """`conv_cpu._stacked_slices` as one strided slice of the padded (C, N, spatial...)
+    input per kernel offset (k1 * k2 slices), stacked into the same (c, k..., n, out...)
+    layout."""
     import jax.numpy as jnp
     from jax import lax
     c, n = xp.shape[:2]
@@ -213,7 +214,6 @@ def per_image_im2col(x, w, stride, padding, dilation):
     images with NC... output as it is, the weight gradient a batched product summed over
     the images, the input gradient a batched product and one sum of padded slices. No
     operand is transposed."""
-    import functools
     import math
     import jax
     import jax.numpy as jnp
@@ -245,10 +245,11 @@ def per_image_im2col(x, w, stride, padding, dilation):
         pt = patches(xp)
         wb = jnp.broadcast_to(ww.reshape((1, o, ck)), (n, o, ck))
         y = lax.dot_general(wb, pt, bdims, precision=hi)
-        return y.reshape((n, o) + out), (pt, ww, xp.shape)
+        return y.reshape((n, o) + out), (pt, ww)
 
     def bwd(res, g):
-        pt, ww, xps = res
+        pt, ww = res
+        xps = (n, c) + tuple(s + 2 * p for s, p in zip(x.shape[2:], padding))
         g = g.reshape((n, o, npos))
         gw = lax.dot_general(g, pt, (((2,), (2,)), ((0,), (0,))), precision=hi).sum(0).reshape(ww.shape)
         wt = jnp.broadcast_to(ww.reshape((1, o, ck)).swapaxes(1, 2), (n, ck, o))
@@ -265,7 +266,7 @@ def per_image_im2col(x, w, stride, padding, dilation):
         gx = total[(slice(None), slice(None)) + tuple(slice(p, p + s) for p, s in zip(padding, x.shape[2:]))]
         return gx, gw
 
-    conv.defvjp(lambda xx, ww: fwd(xx, ww), bwd)
+    conv.defvjp(fwd, bwd)
     return conv(x, w)
 
 

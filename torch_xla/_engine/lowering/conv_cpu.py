@@ -65,7 +65,7 @@ def _patches_bwd(size, k, out, stride, dilation, _, g):
     # One sum, over the kernel offsets, of each offset's gradient slice padded (interior
     # padding = stride - 1) back to where it was cut: `bench/bench_patches.py --compare
     # patch-grad` measured it faster than jax's vjp of the stacked slices (one stage of
-    # pads and adds per spatial dimension): MNIST step 9.8 -> 8.8 ms, ResNet-18 230 -> 220.
+    # pads and adds per spatial dimension): MNIST step 8.8 -> 8.2 ms, ResNet-18 216 -> 205.
     zero = jnp.zeros((), g.dtype)
     total = None
     for off in itertools.product(*(range(kk) for kk in k)):
@@ -94,8 +94,8 @@ def conv_im2col(x, w, stride, padding, dilation):
     position), cut from the input in (C, N, spatial...) order: its contiguous runs are
     output rows, and the weights multiply it as they are. The channels-last matrix
     (rows (image, position), columns (offset, channel)) has runs of C values, short
-    where convolutions are cheap; `bench/bench_patches.py --compare channels-first`
-    measured its MNIST step at 11.2 vs 9.5 ms and ResNet-18's at 313 vs 235 ms.
+    where convolutions are cheap; `bench/bench_patches.py --compare patch-layout`
+    measured its MNIST step at 10.0 vs 8.1 ms and ResNet-18's at 285 vs 205 ms.
     Cutting one spatial dimension at a time gives XLA fewer, larger slices than one
     slice per kernel offset (`--compare patches`); the patches' gradient is one sum of
     padded slices (`_patches_bwd`)."""
