@@ -197,7 +197,7 @@ def channels_last_im2col(x, w, stride, padding, dilation):
     n, c = x.shape[:2]
     o = w.shape[0]
     k = w.shape[2:]
-    out = tuple(conv_cpu._out_size(x.shape[2 + i], k[i], stride[i], padding[i], dilation[i]) for i in range(nsp))
+    out = conv_cpu._out_sizes(x.shape, k, stride, padding, dilation)
     cur = jnp.pad(jnp.moveaxis(x, 1, -1), ((0, 0),) + tuple((p, p) for p in padding) + ((0, 0),))
     for i in range(nsp):
         cur = jnp.stack([lax.slice_in_dim(cur, off * dilation[i], off * dilation[i] + (out[i] - 1) * stride[i] + 1,
@@ -223,7 +223,7 @@ def per_image_im2col(x, w, stride, padding, dilation):
     n, c = x.shape[:2]
     o = w.shape[0]
     k = tuple(w.shape[2:])
-    out = tuple(conv_cpu._out_size(x.shape[2 + i], k[i], stride[i], padding[i], dilation[i]) for i in range(nsp))
+    out = conv_cpu._out_sizes(x.shape, k, stride, padding, dilation)
     ck, npos = c * math.prod(k), math.prod(out)
     hi = lax.Precision.HIGHEST
     bdims = (((2,), (1,)), ((0,), (0,)))

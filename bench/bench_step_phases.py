@@ -28,29 +28,13 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=5)
     args = p.parse_args(argv)
-    import torch
     import common
     import models_torch
-    import torch_xla
     import torch_xla.core.xla_model as xm
     import torch_xla.debug.metrics as met
 
     common.set_threads()
-    wl = models_torch.workload(args.model)
-    dev = torch_xla.device()
-    torch.manual_seed(0)
-    model = wl.make_model().to(dev)
-    model.train()
-    opt = wl.make_opt(model.parameters())
-    x, y = wl.make_batch(0)
-    x, y = x.to(dev), y.to(dev)
-
-    def trace():
-        opt.zero_grad()
-        loss = wl.loss_fn(model, x, y)
-        loss.backward()
-        opt.step()
-        return loss
+    trace = common.xla_training_step(models_torch.workload(args.model), barrier=False)
 
     # Every loop keeps the loss alive across the barrier (it is one of the program's
     # outputs), so all steps run the same compiled program.

@@ -131,10 +131,11 @@ def xla_sync_device():
     xm.wait_device_ops()
 
 
-def xla_training_step(wl):
+def xla_training_step(wl, barrier: bool = True):
     """A workload's training step on the xla device (this project or the original, through
     the documented API only): weights from torch.manual_seed(0), one fixed batch, the
-    workload's optimizer. Returns step() -> loss; each step ends with xm.mark_step()."""
+    workload's optimizer. Returns step() -> loss; each step ends with xm.mark_step()
+    unless `barrier` is False (the step is then only traced)."""
     import torch
     import torch_xla
     import torch_xla.core.xla_model as xm
@@ -151,7 +152,8 @@ def xla_training_step(wl):
         loss = wl.loss_fn(model, x, y)
         loss.backward()
         opt.step()
-        xm.mark_step()
+        if barrier:
+            xm.mark_step()
         return loss
     return step
 

@@ -36,8 +36,10 @@ _HI = lax.Precision.HIGHEST
 PATCH_BYTES_MAX = 128 << 20
 
 
-def _out_size(n, k, s, p, d):
-    return (n + 2 * p - d * (k - 1) - 1) // s + 1
+def _out_sizes(x_shape, k, stride, padding, dilation) -> tuple:
+    """The output's spatial sizes for an (N, C, spatial...) input."""
+    return tuple((n + 2 * p - d * (kk - 1) - 1) // s + 1
+                 for n, kk, s, p, d in zip(x_shape[2:], k, stride, padding, dilation))
 
 
 def _stacked_slices(xp, k, out, stride, dilation):
@@ -99,11 +101,10 @@ def conv_im2col(x, w, stride, padding, dilation):
     Cutting one spatial dimension at a time gives XLA fewer, larger slices than one
     slice per kernel offset (`--compare patches`); the patches' gradient is one sum of
     padded slices (`_patches_bwd`)."""
-    nsp = x.ndim - 2
     n, c = x.shape[:2]
     o = w.shape[0]
     k = w.shape[2:]
-    out = tuple(_out_size(x.shape[2 + i], k[i], stride[i], padding[i], dilation[i]) for i in range(nsp))
+    out = _out_sizes(x.shape, k, stride, padding, dilation)
     xp = jnp.pad(jnp.swapaxes(x, 0, 1), ((0, 0), (0, 0)) + tuple((p, p) for p in padding))
     pt = _patches(xp, k, out, stride, dilation).reshape((c * math.prod(k), n * math.prod(out)))
     y = jnp.matmul(w.reshape((o, c * math.prod(k))), pt, precision=_HI)
@@ -129,7 +130,7 @@ def use_im2col(x_shape, w_shape, stride, padding, dilation, itemsize: int = 4) -
     extent = [d * (kk - 1) + 1 for kk, d in zip(k, dilation)]
     if any(n < e for n, e in zip(x_shape[2:], extent)):
         return True    # Eigen cannot take an input smaller than its kernel
-    out = [_out_size(n, kk, s, p, d) for n, kk, s, p, d in zip(x_shape[2:], k, stride, padding, dilation)]
+    out = _out_sizes(x_shape, k, stride, padding, dilation)
     rows = x_shape[0] * math.prod(out)
     return rows * x_shape[1] * math.prod(k) * itemsize <= PATCH_BYTES_MAX
 
