@@ -298,27 +298,28 @@ def test_none_outputs_of_backward_ops():
 
 
 def test_attention_sized_batched_matmul_compiles_without_ynnpack_fusions(monkeypatch):
-    # graph_executor.compiler_options: without AVX-512, programs with a large batched
+    # The CPU policy's compiler_options: without AVX-512, programs with a large batched
     # matrix product are compiled without XLA:CPU's YNNPACK fusions (measured faster);
     # with it they keep them. Values stay the CPU's either way.
-    from torch_xla._engine import graph_executor, ir, runtime
+    from torch_xla._engine import executor, ir
+    from torch_xla._engine.platform import cpu
     from torch_xla._engine.tensor import pending
     a, b = torch.randn(8, 512, 64), torch.randn(8, 64, 1024)
     small = (a[:, :4] @ b[:, :, :4]).softmax(-1)
     big = (a.to(xm.xla_device()) @ b.to(xm.xla_device())).softmax(-1)
     roots = [(s.node, s.idx) for s in pending.take_live() if type(s.node) is not ir.DeviceData]
-    graph = graph_executor.Graph(roots)
+    graph = executor.Graph(roots)
     if "xla_cpu_experimental_ynn_fusion_type" not in os.environ.get("XLA_FLAGS", ""):
-        monkeypatch.setattr(runtime, "_HOST_CPU_FLAGS", frozenset({"avx2", "fma"}))
-        assert graph_executor.compiler_options(graph) == {"xla_cpu_experimental_ynn_fusion_type": ""}
-        monkeypatch.setattr(runtime, "_HOST_CPU_FLAGS", frozenset({"avx2", "fma", "avx512f"}))
-        assert graph_executor.compiler_options(graph) == {}
+        monkeypatch.setattr(cpu, "_HOST_CPU_FLAGS", frozenset({"avx2", "fma"}))
+        assert cpu.compiler_options(graph.op_avals()) == {"xla_cpu_experimental_ynn_fusion_type": ""}
+        monkeypatch.setattr(cpu, "_HOST_CPU_FLAGS", frozenset({"avx2", "fma", "avx512f"}))
+        assert cpu.compiler_options(graph.op_avals()) == {}
         monkeypatch.undo()
     del graph
     xa, xb = a[:, :4].to(xm.xla_device()), b[:, :, :4].to(xm.xla_device())
     xsmall = (xa @ xb).softmax(-1)
     roots = [(s.node, s.idx) for s in pending.take_live() if type(s.node) is not ir.DeviceData]
-    assert graph_executor.compiler_options(graph_executor.Graph(roots)) == {}
+    assert cpu.compiler_options(executor.Graph(roots).op_avals()) == {}
     assert_same(big.cpu(), (a @ b).softmax(-1), rtol=1e-5, atol=1e-6)
     assert_same(xsmall.cpu(), small, rtol=1e-5, atol=1e-6)
 
@@ -326,7 +327,8 @@ def test_attention_sized_batched_matmul_compiles_without_ynnpack_fusions(monkeyp
 _RESIDENT_SCRIPT = r"""
 import resource, torch, torch_xla
 import torch_xla.core.xla_model as xm
-from torch_xla._engine import graph_executor, host_memory
+from torch_xla._engine.executor import compile as compiling
+from torch_xla._engine.platform import host_memory
 
 def f(t):
     e = torch.exp(t * 0.5)
@@ -343,7 +345,7 @@ for run in range(7):
     got = [g.cpu() for g in got]
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     err = max(err, *[((g - w).abs() / (w.abs() + 1)).max().item() for g, w in zip(got, want)])
-temp = max(e.temp for es in graph_executor._cache.values() for e in es)
+temp = max(e.paced for es in compiling._cache.values() for e in es)
 print(host_memory.active(), temp, err, faults)
 """
 
@@ -353,7 +355,7 @@ def test_large_programs_reuse_resident_host_memory(tmp_path):
     # temporary buffer does not page-fault it in again at every execution; values are
     # those of the CPU, run after run. A fresh process: the allocator is set up before
     # jax's CPU client starts (a client started earlier leaves glibc as it is).
-    from torch_xla._engine import host_memory
+    from torch_xla._engine.platform import host_memory
     script = tmp_path / "resident.py"
     script.write_text(_RESIDENT_SCRIPT)
     env = dict(os.environ, PJRT_DEVICE="CPU")
@@ -375,7 +377,7 @@ def test_large_programs_reuse_resident_host_memory(tmp_path):
 
 def test_host_memory_retention_can_be_turned_off():
     env = dict(os.environ, PT_XLA_RETAIN_HOST_MEMORY="0", PJRT_DEVICE="CPU")
-    code = ("import torch, torch_xla; from torch_xla._engine import host_memory;"
+    code = ("import torch, torch_xla; from torch_xla._engine.platform import host_memory;"
             "(torch.ones(2, device=torch_xla.device()) + 1).cpu(); print(host_memory.active())")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -419,13 +421,13 @@ def test_first_ops_do_not_import_dynamo(tmp_path):
 
 def test_dynamo_stand_in_hands_over_once_dynamo_is_imported():
     import torch._dynamo  # noqa: F401
-    from torch_xla._engine import torch_patches
+    from torch_xla._engine import patches
 
     def double(x):
         return x * 2
 
     wrapped = torch._disable_dynamo(double)
-    stand_in = torch_patches._UntilDynamo(double, True)
+    stand_in = patches._UntilDynamo(double, True)
     setattr(double, "__dynamo_disable", stand_in)
     assert wrapped(torch.tensor([1.0, 2.0])).tolist() == [2.0, 4.0]
     real = getattr(double, "__dynamo_disable")

@@ -317,9 +317,9 @@ def test_xla_init_single_process():
 def test_importing_torch_xla_does_not_start_jax():
     code = ("import torch_xla, torch_xla.core.xla_model, torch_xla.distributed.xla_multiprocessing, "
             "torch_xla.distributed.xla_backend\n"
-            "from torch_xla._engine import runtime\n"
+            "from torch_xla._engine import boot\n"
             "import jax._src.xla_bridge as xb\n"
-            "print('STATE', runtime._state['jax'] is None, len(xb._backends))\n")
+            "print('STATE', not boot.started(), len(xb._backends))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO,
                          env=dict(os.environ, PJRT_DEVICE="CPU"))
     assert "STATE True 0" in out.stdout, out.stderr[-3000:]

@@ -1,11 +1,13 @@
 """Debugging entry points users call as `torch_xla._XLAC._...`."""
 from __future__ import annotations
 
+import io
 from typing import List, Optional
 
 import torch
 
-from ._engine import graph_executor, ir, tensor as _tensor
+from ._engine import executor, ir, metrics, tensor as _tensor
+from ._engine.metrics_report import format_report
 from ._engine.tensor import state_of
 
 
@@ -21,7 +23,7 @@ def _roots(tensors: Optional[List[torch.Tensor]]):
 def _get_xla_tensors_text(tensors: List[torch.Tensor]) -> str:
     """The IR graph computing `tensors`, one node per line."""
     roots = _roots(tensors)
-    order = graph_executor.Graph(roots).order
+    order = executor.Graph(roots).order
     names = {}
     lines = ["IR {"]
     for n in order:
@@ -52,26 +54,23 @@ def _dt(d):
 
 def _get_xla_tensors_hlo(tensors: Optional[List[torch.Tensor]]) -> str:
     """The program computing `tensors`, as StableHLO text."""
-    return graph_executor.lower_text(_roots(tensors))
+    return executor.lower_text(_roots(tensors))
 
 
 def _get_stablehlo_bytecode(tensors: Optional[List[torch.Tensor]]) -> bytes:
-    from jax._src.interpreters import mlir  # noqa: F401
-    lowered = graph_executor.lowered(_roots(tensors))
+    lowered = executor.lowered(_roots(tensors))
     ir_module = lowered.compiler_ir("stablehlo")
-    import io
     buf = io.BytesIO()
     ir_module.operation.write_bytecode(buf)
     return buf.getvalue()
 
 
 def _xla_metrics_report() -> str:
-    from .debug import metrics
-    return metrics.metrics_report()
+    return format_report(sorted(metrics.metrics), sorted(metrics.counters))
 
 
 def _xla_sync_multi(tensors, devices=(), wait=True, sync_xla_data=True):
-    graph_executor.sync(wait=wait, states=[state_of(t) for t in tensors])
+    executor.sync(wait=wait, states=[state_of(t) for t in tensors])
 
 
 def _xla_get_default_device() -> str:
@@ -79,4 +78,4 @@ def _xla_get_default_device() -> str:
 
 
 def _xla_graph_executor_cache_size() -> int:
-    return graph_executor.cache_size()
+    return executor.cache_size()

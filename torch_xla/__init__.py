@@ -1,15 +1,23 @@
-"""PyTorch on XLA devices, on the XLA compiler and PJRT runtime of jaxlib."""
+"""PyTorch on XLA devices, on the XLA compiler and PJRT runtime of jaxlib.
+
+Importing the package registers the `xla` device and its kernels and applies the
+import-time entries of the patch registry (`_engine/patches.py`, listed in
+docs/ARCHITECTURE.md); jax itself starts at the first use of a device (`_engine/boot.py`).
+"""
 from __future__ import annotations
 
 from ._engine import device as _device
-from ._engine import dispatch as _dispatch
-from ._engine import torch_patches as _torch_patches
+from ._engine import kernels as _kernels
+from ._engine import patches as _patches
 
 _device.register()
-_dispatch.register()
-_torch_patches.install()
+_kernels.register()
+_patches.install_import_time()
 
+from . import _XLAC  # noqa: E402,F401  (documented as torch_xla._XLAC)
 from ._api import (device, devices, device_count, sync, step, compile, manual_seed,  # noqa: E402
                    launch, real_devices, is_xla_tensor)
 
 __version__ = "0.1.0"
+__all__ = ["device", "devices", "device_count", "sync", "step", "compile", "manual_seed", "launch",
+           "real_devices", "is_xla_tensor"]

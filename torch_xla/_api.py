@@ -7,7 +7,7 @@ from typing import Any, Callable, List, Optional
 
 import torch
 
-from ._engine import graph_executor, metrics, rng, runtime
+from ._engine import executor, job, metrics, mode, rng, runtime
 
 
 def device(index: Optional[int] = None) -> torch.device:
@@ -42,7 +42,7 @@ def is_xla_tensor(t: Any) -> bool:
 
 def sync(wait: bool = False, reset_scope: bool = True) -> None:
     """Launches all pending graph operations (the barrier, same as `xm.mark_step()`)."""
-    graph_executor.sync(wait=wait)
+    executor.sync(wait=wait)
 
 
 @contextlib.contextmanager
@@ -63,17 +63,19 @@ def step():
 
 
 class _Compiled:
-    def __init__(self, fn: Callable, full_graph: bool, name: Optional[str]):
+    def __init__(self, fn: Callable, full_graph: bool, name: Optional[str],
+                 num_different_graphs_allowed: Optional[int]):
         self.fn = fn
         self.full_graph = full_graph
         self.name = name or getattr(fn, "__name__", "compiled")
+        self.allowed = num_different_graphs_allowed
+        self.graphs = set()
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args, **kwargs):
-        from .experimental import eager as _eager
         sync()
         before = metrics.counters.get("ExecuteCount", 0)
-        with _eager.lazy_scope():
+        with mode.lazy_scope():
             result = self.fn(*args, **kwargs)
         if self.full_graph:
             extra = metrics.counters.get("ExecuteCount", 0) - before
@@ -82,6 +84,15 @@ class _Compiled:
                     f"torch_xla.compile({self.name!r}, full_graph=True): the function was split into "
                     f"{extra + 1} graphs; a host read (item(), print, .cpu()) or a fallback inside it "
                     f"forced execution before the end")
+        if self.allowed is not None:
+            key = executor.pending_graph_key()
+            if key is not None and key not in self.graphs:
+                if len(self.graphs) >= self.allowed:
+                    raise RuntimeError(
+                        f"torch_xla.compile({self.name!r}): this call traced a graph different from "
+                        f"the {len(self.graphs)} seen before, more than num_different_graphs_allowed="
+                        f"{self.allowed} (an input's shape, dtype or a Python value changed the graph)")
+                self.graphs.add(key)
         sync()
         return result
 
@@ -90,12 +101,13 @@ def compile(f: Optional[Callable] = None, full_graph: bool = False, name: Option
             num_different_graphs_allowed: Optional[int] = None):
     """Compiles `f` with the lazy tensor tracer: one graph per call, launched at return.
 
-    With `full_graph=True`, an execution forced inside `f` is an error.
+    With `full_graph=True`, an execution forced inside `f` is an error; with
+    `num_different_graphs_allowed=n`, a call tracing an (n+1)-th different graph is one.
     """
     if f is None:
         return functools.partial(compile, full_graph=full_graph, name=name,
                                  num_different_graphs_allowed=num_different_graphs_allowed)
-    return _Compiled(f, full_graph, name)
+    return _Compiled(f, full_graph, name, num_different_graphs_allowed)
 
 
 def manual_seed(seed: int, device: Optional[torch.device] = None) -> None:
@@ -112,7 +124,7 @@ def launch(fn: Callable, args: tuple = (), start_method: str = "spawn", debug_si
     others and raises here, naming the replica, with its traceback.
     """
     from ._engine import launcher
-    if launcher.under_torchrun() or launcher.in_launched_child():
+    if job.under_torchrun() or job.in_launched_child():
         return launcher.spawn(fn, args=args, start_method=start_method)
     if debug_single_process:
         return fn(0, *args)

@@ -1,13 +1,13 @@
 """`torch_xla.runtime` (xr): the PJRT runtime's view of devices, processes and caches."""
 from __future__ import annotations
 
-import functools
 import os
-import warnings
 from typing import Optional
 
 from ._engine import runtime as _rt
-from ._engine import process_group as _pg
+from ._engine import job as _pg
+from ._engine import mode as _mode
+from ._engine.executor import persistent as _persistent
 
 
 def device_type() -> Optional[str]:
@@ -73,13 +73,18 @@ def get_master_ip() -> str:
 
 
 def use_spmd(auto: Optional[bool] = False) -> None:
-    """Switches to SPMD mode: one virtual device over all devices."""
-    from .distributed import spmd as _spmd
-    _spmd._use_spmd(auto)
+    """Switches to SPMD mode: one virtual device over all devices.
+
+    This release has no SPMD partitioner yet: the call raises instead of running the
+    program unpartitioned."""
+    raise RuntimeError("torch_xla.runtime.use_spmd(): SPMD mode (mark_sharding over a device mesh) "
+                       "is not available in this release of torch-xla-jax; run one process per "
+                       "device (torch_xla.launch / xmp.spawn) for data parallelism")
 
 
 def is_spmd() -> bool:
-    return os.environ.get("XLA_USE_SPMD", "0") not in ("", "0")
+    """Whether SPMD mode is on (`XLA_USE_SPMD`)."""
+    return _mode.spmd_requested()
 
 
 _cache_state = {"path": None}
@@ -97,5 +102,4 @@ def initialize_cache(path: str, readonly: bool = False) -> None:
     if readonly:
         _cache_state["readonly"] = True
     _cache_state["path"] = path
-    from ._engine import exec_cache
-    exec_cache.configure(path, readonly)
+    _persistent.configure(path, readonly)

@@ -13,8 +13,8 @@ from typing import Callable, List
 
 import torch
 
-from . import process_group
-from .dispatch import engine_op
+from . import executor, job
+from .kernels import engine_op
 
 _REDUCE_TYPES = ("sum", "mul", "and", "or", "min", "max")
 
@@ -31,7 +31,7 @@ def _groups(groups):
 
 
 def _group_size(groups) -> int:
-    return len(groups[0]) if groups else process_group.world_size()
+    return len(groups[0]) if groups else job.world_size()
 
 
 def _assign(dst: torch.Tensor, value: torch.Tensor) -> None:
@@ -130,18 +130,18 @@ def _round(tag: str) -> int:
 
 
 def rendezvous(tag: str, payload: bytes = b"", replicas=()) -> List[bytes]:
-    world = process_group.world_size()
+    world = job.world_size()
     if world <= 1:
         return [payload]
     members = sorted(replicas) if replicas else list(range(world))
-    me = process_group.global_ordinal()
+    me = job.global_ordinal()
     if me not in members:
         raise ValueError(f"rendezvous {tag!r}: replica {me} is not in {members}")
-    client = process_group.kv_client()
+    client = job.kv_client()
     r = _round(tag)
     prefix = f"torch_xla/rendezvous/{tag}/{r}/"
     client.key_value_set_bytes(prefix + str(me), bytes(payload))
-    timeout_ms = process_group.collective_timeout_s() * 1000
+    timeout_ms = job.collective_timeout_s() * 1000
     out = []
     for m in members:
         try:
@@ -153,7 +153,7 @@ def rendezvous(tag: str, payload: bytes = b"", replicas=()) -> List[bytes]:
 
 
 def mesh_reduce(tag: str, data, reduce_fn: Callable):
-    if process_group.world_size() <= 1:
+    if job.world_size() <= 1:
         return reduce_fn([data])
     payloads = rendezvous(tag, pickle.dumps(_host_tree(data)))
     return reduce_fn([pickle.loads(p) for p in payloads])
@@ -170,12 +170,12 @@ def _host_tree(data):
 
 
 def broadcast_master_param(model: torch.nn.Module) -> None:
-    if process_group.world_size() <= 1:
+    if job.world_size() <= 1:
         return
     tensors = [p for p in model.parameters()] + [b for b in model.buffers()]
     if not tensors:
         return
-    master = process_group.global_ordinal() == 0
+    master = job.global_ordinal() == 0
     # Every replica must trace the same graph (one SPMD program): choose with a device
     # value, not with Python control flow (`t if master else zeros` gave the master a
     # graph with parameters and the others one with constants: the job hung).
@@ -188,5 +188,4 @@ def broadcast_master_param(model: torch.nn.Module) -> None:
             kind = "or" if t.dtype == torch.bool else "sum"
             (o,) = engine_op("xla::all_reduce", [contrib], (kind, 1.0, None), [(t.shape, t.dtype)])
             t.copy_(o)
-    from . import graph_executor
-    graph_executor.sync()
+    executor.sync()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from . import executor, rng, runtime
+
 _done = False
 
 
@@ -48,33 +50,27 @@ class DeviceModule:
 
     @staticmethod
     def device_count() -> int:
-        from . import runtime
         return len(runtime.local_devices())
 
     @staticmethod
     def manual_seed_all(seed: int) -> None:
-        from . import rng
         rng.set_seed(seed)
 
     @staticmethod
     def manual_seed(seed: int) -> None:
-        from . import rng
         rng.set_seed(seed)
 
     @staticmethod
     def get_rng_state(device="xla"):
-        from . import rng
         return torch.tensor([rng.get_seed()], dtype=torch.int64)
 
     @staticmethod
     def set_rng_state(state, device="xla"):
-        from . import rng
         rng.set_seed(int(state.reshape(-1)[0]))
 
     @staticmethod
     def synchronize(device=None) -> None:
-        from . import graph_executor
-        graph_executor.sync(wait=True)
+        executor.sync(wait=True)
 
 
 def register() -> None:

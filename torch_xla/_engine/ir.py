@@ -16,7 +16,7 @@ Leaves:
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import numpy as np
 

@@ -1,7 +1,7 @@
 """Process management for multi-process jobs: `xmp.spawn` / `torch_xla.launch`.
 
 The parent chooses a free coordinator port, starts one process per device with the
-TORCH_XLA_JAX_* environment (see process_group.py), and watches them. The moment a
+TORCH_XLA_JAX_* environment (see job.py), and watches them. The moment a
 child exits non-zero (an exception, a signal, `sys.exit(n)`), the others are stopped
 (SIGTERM to their process groups, SIGKILL after a grace period) and the parent raises
 `ProcessFailedError` naming the rank, with the child's traceback text.
@@ -14,13 +14,12 @@ the processes are still in step, not at the model's first all-reduce.
 """
 from __future__ import annotations
 
-import errno
 import multiprocessing
 import os
 import pickle
 import shutil
-import signal
 import socket
+import signal
 import sys
 import tempfile
 import threading
@@ -28,10 +27,8 @@ import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional
 
-from . import process_group
+from . import config, job, runtime
 
-_ENV_KEYS = ("TORCH_XLA_JAX_PROCESS_ID", "TORCH_XLA_JAX_WORLD_SIZE", "TORCH_XLA_JAX_LOCAL_RANK",
-             "TORCH_XLA_JAX_LOCAL_WORLD_SIZE", "TORCH_XLA_JAX_COORDINATOR")
 
 
 class ProcessFailedError(RuntimeError):
@@ -45,26 +42,14 @@ class ProcessFailedError(RuntimeError):
 
 
 def _grace_s() -> float:
-    return float(os.environ.get("TORCH_XLA_JAX_KILL_GRACE_S", "5"))
-
-
-# ---- where this process stands ------------------------------------------------------------
-
-def under_torchrun() -> bool:
-    """True when an external launcher (torchrun) already made this process one rank of a job."""
-    return bool(os.environ.get("RANK")) and bool(os.environ.get("WORLD_SIZE")) and \
-        not os.environ.get("TORCH_XLA_JAX_PROCESS_ID")
-
-
-def in_launched_child() -> bool:
-    return bool(os.environ.get("TORCH_XLA_JAX_PROCESS_ID")) and bool(os.environ.get("TORCH_XLA_JAX_WORLD_SIZE"))
+    return config.get("TORCH_XLA_JAX_KILL_GRACE_S")
 
 
 def default_nprocs() -> int:
     """How many processes a launch starts on this host: one per device (CPU: CPU_NUM_DEVICES)."""
-    pjrt = os.environ.get("PJRT_DEVICE", "").upper()
+    pjrt = config.get("PJRT_DEVICE").upper()
     if pjrt in ("", "CPU"):
-        v = os.environ.get("CPU_NUM_DEVICES", "") or "1"
+        v = config.raw("CPU_NUM_DEVICES") or "1"
         try:
             n = int(v)
         except ValueError:
@@ -80,87 +65,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def check_port_free(host: str, port: int) -> None:
-    """Raises a clear error when the coordinator's port is already taken on this host."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("", port))  # the coordination service listens on all interfaces
-        except OSError as e:
-            if e.errno != errno.EADDRINUSE:
-                return  # not a local address, or no permission: let the runtime report it
-            raise RuntimeError(
-                f"the coordinator port {port} on {host} is already in use ({e.strerror}); another job "
-                f"may be running. Choose another port (TORCH_XLA_JAX_COORDINATOR=host:port, or "
-                f"MASTER_PORT for torchrun, whose coordinator uses MASTER_PORT+1)") from None
-
-
-def check_environment() -> None:
-    """Validates the TORCH_XLA_JAX_* / torchrun variables of this process (clear errors, early)."""
-    ws_raw = os.environ.get("TORCH_XLA_JAX_WORLD_SIZE") or os.environ.get("WORLD_SIZE")
-    rk_raw = os.environ.get("TORCH_XLA_JAX_PROCESS_ID") or os.environ.get("RANK")
-    if ws_raw is None and rk_raw is None:
-        return
-    try:
-        ws = int(ws_raw) if ws_raw is not None else 1
-        rk = int(rk_raw) if rk_raw is not None else 0
-    except ValueError:
-        raise ValueError(f"bad world size / rank in the environment: WORLD_SIZE={ws_raw!r} "
-                         f"RANK={rk_raw!r}") from None
-    if ws < 1:
-        raise ValueError(f"world size {ws} must be at least 1")
-    if not 0 <= rk < ws:
-        raise ValueError(f"process rank {rk} is out of range for world size {ws}")
-
-
-def check_coordinator_port() -> None:
-    """In the process that hosts jax's coordination service (rank 0), before the runtime
-    starts: a clear error if the coordinator's port is taken (jax only says "Failed to
-    start RPC server")."""
-    from . import runtime
-    if runtime._state["jax"] is not None or process_group.world_size() <= 1 or \
-            process_group.global_ordinal() != 0:
-        return
-    addr = process_group.coordinator_address()
-    if addr:
-        host, _, port = addr.rpartition(":")
-        check_port_free(host, int(port))
-
-
-# ---- warm-up: create the collective communicators while the processes are in step ------------
-
-_warm = {"done": False}
-
-
-def warm_up(jax=None) -> None:
-    """A tiny all-reduce over the replica mesh, checked; a no-op for one process.
-
-    Call right after `jax.distributed.initialize` (every process returns from it at about
-    the same time), so gloo's communicator over all devices is created then.
-    """
-    if _warm["done"] or process_group.world_size() <= 1:
-        return
-    if jax is None:
-        from . import runtime
-        jax = runtime.jax_module()
-    import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    devs = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
-    world = len(devs)
-    mesh = Mesh(np.array(devs), ("r",))
-    local = jax.local_devices()[0]
-    me = process_group.global_ordinal()
-    x = jax.make_array_from_single_device_arrays(
-        (world,), NamedSharding(mesh, P("r")),
-        [jax.device_put(np.full((1,), me + 1, np.int32), local)])
-    fn = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "r"), mesh=mesh, in_specs=P("r"),
-                               out_specs=P("r"), check_vma=False))
-    got = int(np.asarray(fn(x).addressable_shards[0].data)[0])
-    want = world * (world + 1) // 2
-    if got != want:
-        raise RuntimeError(f"warm-up all-reduce over {world} replicas returned {got}, expected {want}")
-    _warm["done"] = True
 
 
 # ---- the child side ------------------------------------------------------------------------
@@ -186,7 +90,7 @@ def _write_atomic(path: str, data: bytes) -> None:
 def _child_main(rank: int, env: Dict[str, str], parent_pid: int, workdir: str, fn: Callable,
                 args: tuple, eager_init: bool) -> None:
     """Entry point of a spawned replica."""
-    os.environ.update(env)
+    config.update(env)
     try:
         os.setpgrp()  # own process group: the parent can stop this child and its helpers at once
     except OSError:
@@ -195,12 +99,10 @@ def _child_main(rank: int, env: Dict[str, str], parent_pid: int, workdir: str, f
     if os.getppid() != parent_pid:  # the parent died before we set the death signal
         os._exit(1)
     try:
-        check_environment()
-        check_coordinator_port()
+        job.check_environment()
+        job.check_coordinator_port()
         if eager_init:
-            from . import runtime
-            runtime.jax_module()   # jax.distributed.initialize: every replica waits for the others here
-            warm_up()
+            runtime.jax_module()   # jax.distributed.initialize + warm-up: every replica waits here
         result = fn(rank, *args)
         try:
             payload = pickle.dumps(result)
@@ -379,7 +281,7 @@ def start_processes(fn: Callable, args: tuple = (), nprocs: int = 2, start_metho
         coordinator = f"127.0.0.1:{free_port()}"
     else:
         host, _, port = coordinator.rpartition(":")
-        check_port_free(host, int(port))
+        job.check_port_free(host, int(port))
     ctx = multiprocessing.get_context(start_method)
     workdir = tempfile.mkdtemp(prefix="torch_xla_launch_")
     procs = []
@@ -397,16 +299,8 @@ def start_processes(fn: Callable, args: tuple = (), nprocs: int = 2, start_metho
                             daemon=daemon, name=f"xla-replica-{rank}")
             with _env_lock:
                 # The child's environment is set from its very start (before any import).
-                saved = {k: os.environ.get(k) for k in env}
-                os.environ.update(env)
-                try:
+                with config.overlay(env):
                     p.start()
-                finally:
-                    for k, v in saved.items():
-                        if v is None:
-                            os.environ.pop(k, None)
-                        else:
-                            os.environ[k] = v
             procs.append(p)
     except BaseException:
         context.terminate()
@@ -427,9 +321,9 @@ def spawn(fn: Callable, args: tuple = (), nprocs: Optional[int] = None, join: bo
       `return_results`); a replica failing raises ProcessFailedError after stopping the
       others. With join=False, returns the ProcessContext.
     """
-    if under_torchrun() or in_launched_child():
-        check_environment()
-        return fn(process_group.local_ordinal(), *args)
+    if job.under_torchrun() or job.in_launched_child():
+        job.check_environment()
+        return fn(job.local_ordinal(), *args)
     n = default_nprocs() if nprocs is None else int(nprocs)
     if n == 1:
         return fn(0, *args)

@@ -6,81 +6,19 @@ the engine speaks only of IR nodes and tensors.
 from __future__ import annotations
 
 import os
-import threading
-from typing import Optional
 
 import numpy as np
 import ml_dtypes
 import torch
 
-_PLATFORMS = {"CPU": "cpu", "CUDA": "cuda", "GPU": "cuda", "TPU": "tpu"}
-_lock = threading.Lock()
-_state = {"jax": None, "devices": None, "platform": None}
+from . import boot, config
 
-
-def _configure_env() -> None:
-    """Sets the jax options implied by the PJRT environment variables, before jax starts."""
-    pjrt = os.environ.get("PJRT_DEVICE", "").upper()
-    if pjrt == "CPU":
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
-        n = os.environ.get("CPU_NUM_DEVICES")
-        if n and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-            # Only in a single process: in a multi-process job each process owns one device.
-            from . import process_group
-            if process_group.world_size() <= 1:
-                os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                                           f" --xla_force_host_platform_device_count={int(n)}").strip()
-    elif pjrt in _PLATFORMS:
-        os.environ.setdefault("JAX_PLATFORMS", _PLATFORMS[pjrt])
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_cpu_enable_concurrency_optimized_scheduler" not in flags:
-        # XLA's CPU scheduler favours concurrency by default, which keeps more buffers
-        # alive: on the decoder training step (bench/) the memory-minimising order cut
-        # the step's temporary buffers from 1.20 to 1.08 GB at the same step time.
-        os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_enable_concurrency_optimized_scheduler=false").strip()
+_state = {"devices": None, "platform": None}
 
 
 def jax_module():
     """Returns the initialised `jax` module (x64 on, platform chosen by PJRT_DEVICE)."""
-    j = _state["jax"]
-    if j is not None:
-        return j
-    with _lock:
-        if _state["jax"] is None:
-            _configure_env()
-            if os.environ.get("JAX_PLATFORMS", "").lower() == "cpu":
-                # Before the CPU client's threads first allocate (host_memory).
-                from . import host_memory
-                host_memory.configure()
-            import jax
-            jax.config.update("jax_enable_x64", True)
-            from . import process_group
-            process_group.initialize(jax)
-            # Before gc.freeze(), which hides the functions it looks for.
-            from . import torch_patches
-            torch_patches.lazy_dynamo_disable()
-            _tune_gc()
-            _state["jax"] = jax
-    return _state["jax"]
-
-
-def _tune_gc() -> None:
-    """Keeps Python's cyclic garbage collector from rescanning what tracing piles up.
-
-    Every traced op leaves a few Python objects (IR node, tensor state) alive until the
-    barrier, so the collector's full passes rescan the pending graph and the ~370k objects
-    of the torch/jax imports again and again: with 20k pending ops, 63% of tracing time was
-    collection (`bench/bench_gc.py`). The import-time objects move to the permanent
-    generation (`gc.freeze()`; refcounting still frees them) and the youngest generation
-    collects every 10,000 net allocations instead of 700. `PT_XLA_TUNE_GC=0` leaves the
-    collector as it is; a threshold the program already changed is kept."""
-    if os.environ.get("PT_XLA_TUNE_GC", "1") == "0":
-        return
-    import gc
-    gc.freeze()
-    t0, t1, t2 = gc.get_threshold()
-    if t0 == 700:
-        gc.set_threshold(10000, t1, t2)
+    return boot.start_jax()
 
 
 def platform() -> str:
@@ -90,26 +28,6 @@ def platform() -> str:
         p = jax.default_backend()
         _state["platform"] = {"cpu": "CPU", "gpu": "CUDA", "cuda": "CUDA", "rocm": "ROCM", "tpu": "TPU"}.get(p, p.upper())
     return _state["platform"]
-
-
-_HOST_CPU_FLAGS: Optional[frozenset] = None
-
-
-def host_cpu_flags() -> frozenset:
-    """The host CPU's feature flags as Linux reports them (empty where it does not)."""
-    global _HOST_CPU_FLAGS
-    if _HOST_CPU_FLAGS is None:
-        flags = frozenset()
-        try:
-            with open("/proc/cpuinfo") as f:
-                for line in f:
-                    if line.startswith("flags"):
-                        flags = frozenset(line.split(":", 1)[1].split())
-                        break
-        except OSError:
-            pass
-        _HOST_CPU_FLAGS = flags
-    return _HOST_CPU_FLAGS
 
 
 def local_devices():
@@ -152,9 +70,9 @@ _NP_TO_TORCH = {v: k for k, v in _TORCH_TO_NP.items()}
 def _storage_overrides() -> dict:
     """XLA_USE_BF16 / XLA_DOWNCAST_BF16: the dtype the device computes in for f32/f64."""
     bf16 = np.dtype(ml_dtypes.bfloat16)
-    if os.environ.get("XLA_USE_BF16", "0") not in ("", "0"):
+    if config.get("XLA_USE_BF16"):
         return {torch.float32: bf16, torch.float64: bf16}
-    if os.environ.get("XLA_DOWNCAST_BF16", "0") not in ("", "0"):
+    if config.get("XLA_DOWNCAST_BF16"):
         return {torch.float32: bf16, torch.float64: np.dtype(np.float32)}
     return {}
 
@@ -165,6 +83,7 @@ _DEVICE_DTYPE.update(_storage_overrides())
 
 def refresh_dtype_overrides() -> None:
     """Re-reads XLA_USE_BF16 / XLA_DOWNCAST_BF16 (for tests that set them at run time)."""
+    config.reload()
     _DEVICE_DTYPE.clear()
     _DEVICE_DTYPE.update(_TORCH_TO_NP)
     _DEVICE_DTYPE.update(_storage_overrides())
@@ -244,13 +163,6 @@ def fetch(array) -> np.ndarray:
     return np.asarray(array)
 
 
-def world_size_env() -> int:
-    """How many processes `torch_xla.launch` starts on this host."""
-    if os.environ.get("PJRT_DEVICE", "").upper() == "CPU":
-        return int(os.environ.get("CPU_NUM_DEVICES", "1") or 1)
-    return 1
-
-
 def wait_all_buffers() -> None:
     """Blocks until every buffer this process has launched work for is ready."""
     jax = jax_module()
@@ -273,7 +185,6 @@ def memory_info(device=None) -> dict:
         used = int(stats.get("bytes_in_use", 0))
         limit = int(stats.get("bytes_limit", 0))
     else:
-        import resource
         jax = jax_module()
         used = sum(a.nbytes for a in jax.live_arrays())
         try:

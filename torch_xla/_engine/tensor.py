@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Optional
 
 import torch
 
 from . import ir
 
 _create_empty = torch._C._acc.create_empty_tensor
-_is_functional = torch._is_functional_tensor
+is_functional = torch._is_functional_tensor
 _from_functional = torch._from_functional_tensor
 _to_functional = torch._to_functional_tensor
 _sync_functional = torch._sync
@@ -40,8 +39,10 @@ class XlaState:
         return type(self.node) is ir.DeviceData
 
     def set_data(self, node: ir.DeviceData) -> None:
+        """Points this state at device data (an executed value)."""
         self.node = node
         self.idx = 0
+        data_states.add(self)
 
 
 class _Pending:
@@ -76,6 +77,9 @@ class _Pending:
 
 
 pending = _Pending()
+# Every state that has pointed at device data since its last barrier: the executor reads
+# which DeviceData leaves live tensors hold from here (donation.py).
+data_states: "weakref.WeakSet[XlaState]" = weakref.WeakSet()
 
 
 def make_tensor(node: ir.Node, idx: int, shape, dtype: torch.dtype) -> torch.Tensor:
@@ -85,6 +89,8 @@ def make_tensor(node: ir.Node, idx: int, shape, dtype: torch.dtype) -> torch.Ten
     t._xla = s
     if type(node) is not ir.DeviceData:
         pending.refs.append(weakref.ref(s))
+    else:
+        data_states.add(s)
     return t
 
 
@@ -97,7 +103,7 @@ def wrap_user(t: torch.Tensor) -> torch.Tensor:
 
 def unwrap(t: torch.Tensor) -> torch.Tensor:
     """The inner XLA tensor of `t` (syncing a functional wrapper's pending updates)."""
-    if _is_functional(t):
+    if is_functional(t):
         _sync_functional(t)
         return _from_functional(t)
     return t
@@ -121,6 +127,13 @@ def replace_state(t: torch.Tensor, src: XlaState) -> None:
     """Points the inner tensor of `t` at another state's value (in-place engine writes)."""
     inner = unwrap(t)
     s = inner._xla
+    point_at(s, src)
+
+
+def point_at(s: XlaState, src: XlaState) -> None:
+    """Makes state `s` hold the value of `src` (same shape and dtype)."""
     s.node, s.idx = src.node, src.idx
     if type(s.node) is not ir.DeviceData:
         pending.add(s)
+    else:
+        data_states.add(s)

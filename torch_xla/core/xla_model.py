@@ -1,20 +1,16 @@
 """`torch_xla.core.xla_model` (xm): devices, barriers, collectives, saving."""
 from __future__ import annotations
 
-import io
 import os
 import tempfile
-import threading
-import time
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import torch
 
 import torch_xla
 from .. import runtime as xr
-from .._engine import dispatch, graph_executor, metrics, rng, runtime
-from .._engine.tensor import state_of
+from .._engine import collectives as _coll, executor, rng, runtime
 
 REDUCE_SUM = "sum"
 REDUCE_MUL = "mul"
@@ -91,19 +87,22 @@ def master_print(*args, fd=None, finalize: bool = False, **kwargs) -> None:
 # ---- barriers ----------------------------------------------------------------------------------
 
 def mark_step(wait: bool = False, reset_scope: bool = True) -> None:
-    """The barrier: compiles and launches the pending graph of all live tensors."""
-    graph_executor.sync(wait=wait)
+    """The barrier: compiles and launches the pending graph of all live tensors.
+
+    wait: block until the programs have run. reset_scope: accepted for compatibility; this
+    engine keeps no IR scopes across barriers, so there is never a scope to carry over."""
+    executor.sync(wait=wait)
 
 
 def wait_device_ops(devices: Sequence = ()) -> None:
     """Waits for all the asynchronous operations on the devices to complete."""
-    graph_executor.sync(wait=False)
+    executor.sync(wait=False)
     runtime.wait_all_buffers()
 
 
 def add_step_closure(closure: Callable, args: tuple = (), run_async: bool = False) -> None:
     """Queues `closure(*args)` to run after the next barrier, when tensors are materialised."""
-    graph_executor.add_step_closure(closure, args, run_async)
+    executor.add_step_closure(closure, args, run_async)
 
 
 # ---- random numbers ---------------------------------------------------------------------------
@@ -128,12 +127,14 @@ def get_memory_info(device: Optional[torch.device] = None) -> Dict[str, int]:
 # ---- collectives (this process's view; see torch_xla.distributed for many processes) ---------
 
 def _collectives():
-    from .._engine import collectives
-    return collectives
+    return _coll
 
 
 def all_reduce(reduce_type: str, inputs, scale: float = 1.0, groups=None, pin_layout: bool = True):
-    """Reduces `inputs` across replicas. A list is reduced in place and returned."""
+    """Reduces `inputs` across replicas. A list is reduced in place and returned.
+
+    pin_layout: accepted; every replica runs the same compiled program, so the layouts of
+    a collective's operands always agree across replicas (what pinning guarantees)."""
     return _collectives().all_reduce(reduce_type, inputs, scale=scale, groups=groups)
 
 
@@ -275,14 +276,12 @@ def send_cpu_data_to_device(datas, device, input_sharding=None):
 
 def get_stablehlo(tensors: Optional[List[torch.Tensor]] = None) -> str:
     """The StableHLO text of the graph computing `tensors` (all pending tensors if None)."""
-    from .. import _XLAC
-    return _XLAC._get_xla_tensors_hlo(tensors)
+    return torch_xla._XLAC._get_xla_tensors_hlo(tensors)
 
 
 def get_stablehlo_bytecode(tensors: Optional[List[torch.Tensor]] = None) -> bytes:
     """The StableHLO of the graph computing `tensors`, as MLIR bytecode."""
-    from .. import _XLAC
-    return _XLAC._get_stablehlo_bytecode(tensors)
+    return torch_xla._XLAC._get_stablehlo_bytecode(tensors)
 
 
 def __getattr__(name: str):

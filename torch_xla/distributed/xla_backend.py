@@ -17,7 +17,6 @@ from __future__ import annotations
 import datetime
 import io
 import itertools
-import pickle
 from typing import List, Optional
 from urllib.parse import parse_qs, urlparse
 
@@ -29,7 +28,8 @@ from torch.distributed import ProcessGroup
 import torch_xla.core.xla_model as xm
 import torch_xla.runtime as xr
 from .._engine import collectives as _coll
-from .._engine import process_group as _pg
+from .._engine import job as _job
+from .._engine import runtime as _runtime
 from .._engine import tensor as _tensor
 
 __all__ = ["ProcessGroupXla", "XlaKVStore", "WorkXla", "make_xla_process_group"]
@@ -77,8 +77,8 @@ class XlaKVStore(dist.Store):
 
     def __init__(self, timeout: Optional[datetime.timedelta] = None):
         super().__init__()
-        self._client = _pg.kv_client()
-        self._timeout = timeout or datetime.timedelta(seconds=_pg.collective_timeout_s())
+        self._client = _job.kv_client()
+        self._timeout = timeout or datetime.timedelta(seconds=_job.collective_timeout_s())
 
     def _k(self, key: str) -> str:
         return self._PREFIX + key
@@ -453,15 +453,15 @@ class ProcessGroupXla(ProcessGroup):
         return s
 
     def send(self, tensors, dst, tag=0):
-        client = _pg.kv_client()
+        client = _job.kv_client()
         for t in tensors:
             seq = self._next_seq(self._rank, dst)
             client.key_value_set_bytes(f"torch_xla/pg/p2p/{self._rank}->{dst}/{tag}/{seq}", _dumps(t))
         return WorkXla(list(tensors))
 
     def recv(self, tensors, src, tag=0):
-        client = _pg.kv_client()
-        ms = _pg.collective_timeout_s() * 1000
+        client = _job.kv_client()
+        ms = _job.collective_timeout_s() * 1000
         for t in tensors:
             seq = self._next_seq(src, self._rank)
             key = f"torch_xla/pg/p2p/{src}->{self._rank}/{tag}/{seq}"
@@ -475,55 +475,6 @@ class ProcessGroupXla(ProcessGroup):
                 pass
             self._assign(t, _loads(data).to(t.device))
         return WorkXla(list(tensors))
-
-
-# ---- cpu_tensor.copy_(xla_tensor) from C++ -----------------------------------------------
-#
-# DDP's C++ code (verify_params_across_processes, Reducer::sync_bucket_indices) copies
-# device results into CPU tensors with `cpu.copy_(xla)`. PyTorch's functionalization
-# kernel for copy_ refuses a functional source with a non-functional destination unless
-# the device type is DeviceType::XLA (ours is PrivateUse1 named "xla"), so those calls
-# fail with "mutating a non-functional tensor with a functional tensor is not allowed".
-# This kernel replaces the Functionalize kernel of aten::copy_ with the same semantics
-# plus that case. Installed when the xla process group is created.
-# TODO(engine): move to _engine/dispatch.register() so plain user code gets it too.
-
-_copy_fix = {"lib": None}
-
-
-def _functionalize_copy_(self, src, non_blocking=False):
-    guard = lambda: torch._C._ExcludeDispatchKeyGuard(  # noqa: E731
-        torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize))
-    if torch._is_functional_tensor(src):
-        torch._sync(src)
-        src_ = torch._from_functional_tensor(src)
-    else:
-        src_ = src
-    if not torch._is_functional_tensor(self):
-        with guard():
-            if self.device.type != "xla" and src_.device.type == "xla":
-                src_ = src_.to("cpu")
-            self.copy_(src_, non_blocking)
-        return self
-    torch._sync(self)
-    self_ = torch._from_functional_tensor(self)
-    with guard():
-        out = torch.ops.aten.copy.default(self_, src_, non_blocking)
-    torch._functionalize_replace(self, out)
-    torch._functionalize_commit_update(self)
-    torch._sync(self)
-    return self
-
-
-def _install_copy_fix() -> None:
-    if _copy_fix["lib"] is not None:
-        return
-    import warnings
-    lib = torch.library.Library("aten", "IMPL")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        lib.impl("copy_", _functionalize_copy_, "Functionalize")
-    _copy_fix["lib"] = lib
 
 
 # ---- registration -----------------------------------------------------------------------
@@ -540,11 +491,9 @@ def _check_job(rank: int, size: int) -> None:
 
 def _start_runtime() -> None:
     """Joins the job (jax.distributed) and creates the collective communicators."""
-    from .._engine import launcher, runtime
-    launcher.check_environment()
-    launcher.check_coordinator_port()
-    runtime.jax_module()
-    launcher.warm_up()
+    _job.check_environment()
+    _job.check_coordinator_port()
+    _runtime.jax_module()  # joins the job and warms up the communicators
 
 
 def make_xla_process_group(store, rank, size, timeout):
@@ -557,14 +506,12 @@ def make_xla_process_group(store, rank, size, timeout):
     _check_job(rank, size)
     if size > 1:
         _start_runtime()
-    _install_copy_fix()
     return ProcessGroupXla(store, rank, size, timeout)
 
 
 def _xla_rendezvous_handler(url: str, timeout=None, **kwargs):
     """`xla://`: rank and world size from the runtime, store on the coordination service."""
-    from .._engine import launcher
-    launcher.check_environment()
+    _job.check_environment()
     rank, size = xr.global_ordinal(), xr.world_size()
     query = parse_qs(urlparse(url).query)
     if "rank" in query and int(query["rank"][0]) != rank:
@@ -572,7 +519,7 @@ def _xla_rendezvous_handler(url: str, timeout=None, **kwargs):
     if "world_size" in query and int(query["world_size"][0]) != size:
         raise ValueError(f"xla:// init: world_size={query['world_size'][0]} was given but the job has "
                          f"{size} replica(s)")
-    if size > 1 and _pg.coordinator_address() is None:
+    if size > 1 and _job.coordinator_address() is None:
         raise RuntimeError(
             "xla:// init: this process is rank {} of {} but there is no coordinator: start the job with "
             "torch_xla.launch / xmp.spawn or torchrun, or set TORCH_XLA_JAX_COORDINATOR".format(rank, size))

@@ -11,13 +11,13 @@ The progress lines look like::
 """
 from __future__ import annotations
 
-import os
 import warnings
 from datetime import datetime
 from typing import Optional
 
 import torch_xla.debug.metrics as met
 from torch_xla import runtime as xr
+from torch_xla._engine import config as _config
 
 
 def _get_device_spec(device) -> str:
@@ -45,7 +45,7 @@ def get_summary_writer(logdir: Optional[str]):
         return None
     writer = SummaryWriter(log_dir=logdir)
     writer.add_text("environment_variables",
-                    "\n".join(f"{k}: {v}" for k, v in os.environ.items()), 0)
+                    "\n".join(f"{k}: {v}" for k, v in _config.environ_items().items()), 0)
     return writer
 
 

@@ -7,12 +7,13 @@ debug-print/timing helpers.
 from __future__ import annotations
 
 import collections
-import os
 import shutil
 import sys
 import tempfile
 import time
 from typing import Any, Callable, Optional
+
+from .._engine import config as _config
 
 
 # ---- synthetic data ----------------------------------------------------------------------------
@@ -245,17 +246,7 @@ def getenv_as(name: str, vtype: type, defval=None):
 
     Booleans accept 1/0, true/false, yes/no, on/off (any case).
     """
-    env = os.environ.get(name)
-    if env is None:
-        return defval
-    if vtype is bool:
-        low = env.strip().lower()
-        if low in ("1", "true", "yes", "on", "y", "t"):
-            return True
-        if low in ("0", "false", "no", "off", "n", "f", ""):
-            return False
-        raise ValueError(f"environment variable {name}={env!r} is not a boolean")
-    return vtype(env)
+    return _config.getenv_as(name, vtype, defval)
 
 
 class TmpFolder:

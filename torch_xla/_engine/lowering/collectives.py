@@ -7,7 +7,6 @@ collective is the identity.
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax

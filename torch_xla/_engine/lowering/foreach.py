@@ -14,13 +14,12 @@ values would be part of the graph hash, so Adam's per-step bias corrections woul
 recompile every step). Until the engine turns scalar lists into graph parameters,
 the `.ScalarList` overloads get small Python kernels that re-express the call with
 tensors (0-d CPU tensors become graph parameters; a 1-d list becomes a device
-tensor), see `_scalarlist_kernels`.
+tensor), see `kernels/handwritten.foreach_scalarlist_kernels`.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from . import lowering, out_dtype
@@ -252,75 +251,3 @@ def foreach_max(xs):
 @lowering("aten::_foreach_mm")
 def foreach_mm(xs, ys):
     return [jnp.matmul(x, y, preferred_element_type=_cdt(i)) for i, (x, y) in enumerate(zip(xs, ys))]
-
-
-# ---- Scalar[] overloads (workaround, see the module docstring) -----------------------------
-
-def _cpu_scalars(scalars, xs=()):
-    """0-d CPU tensors (graph parameters). Floats are f64 when every tensor is floating
-    (a 0-d tensor does not change their result dtype and keeps the double value, which the
-    lowering rounds to the compute dtype as CPU opmath does); with integer tensors they
-    take the default dtype, as a Python float would."""
-    import torch
-    fdt = torch.float64 if all(t.is_floating_point() for t in xs) else torch.get_default_dtype()
-    out = []
-    for s in scalars:
-        if isinstance(s, torch.Tensor):
-            s = s.item()
-        if isinstance(s, bool):
-            out.append(torch.tensor(s))
-        elif isinstance(s, int):
-            out.append(torch.tensor(s, dtype=torch.int64))
-        elif isinstance(s, complex):
-            out.append(torch.tensor(s, dtype=torch.complex128))
-        else:
-            out.append(torch.tensor(float(s), dtype=fdt))
-    return out
-
-
-def _device_vector(scalars):
-    """The scalars as one 1-d f64 tensor on the device (new data each call, same graph)."""
-    import torch
-    from ..dispatch import from_cpu
-    vals = [s.item() if isinstance(s, torch.Tensor) else s for s in scalars]
-    return from_cpu(torch.tensor(vals, dtype=torch.float64))
-
-
-_lib = None
-
-
-def _scalarlist_kernels():
-    global _lib
-    if _lib is not None:
-        return
-    import torch
-    aten = torch.ops.aten
-    try:
-        _lib = torch.library.Library("aten", "IMPL")
-    except Exception:  # pragma: no cover - registration unavailable
-        return
-
-    def binary(list_op):
-        def k(xs, scalars):
-            return list_op(xs, _cpu_scalars(scalars, xs))
-        return k
-
-    for n in ("add", "sub", "mul", "div", "maximum", "minimum", "clamp_min", "clamp_max", "pow"):
-        lst = getattr(aten, f"_foreach_{n}").List
-        _lib.impl(f"_foreach_{n}.ScalarList", binary(lst), "PrivateUse1")
-
-    def ternary(tensor_op):
-        def k(xs, t1, t2, scalars):
-            return tensor_op(xs, t1, t2, _device_vector(scalars))
-        return k
-
-    _lib.impl("_foreach_addcmul.ScalarList", ternary(aten._foreach_addcmul.Tensor), "PrivateUse1")
-    _lib.impl("_foreach_addcdiv.ScalarList", ternary(aten._foreach_addcdiv.Tensor), "PrivateUse1")
-
-    def lerp(xs, ends, weights):
-        return aten._foreach_lerp.List(xs, ends, _cpu_scalars(weights, xs))
-
-    _lib.impl("_foreach_lerp.ScalarList", lerp, "PrivateUse1")
-
-
-_scalarlist_kernels()

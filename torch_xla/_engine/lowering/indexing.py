@@ -13,12 +13,11 @@ number of selected elements (then that count is static).
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import lowering, out_dtype, out_shape
+from . import lowering, out_shape
 
 
 def _dim(d, n):

@@ -499,7 +499,7 @@ def _lstsq_meta(a, b, rcond=None, driver=None):
         raise RuntimeError(f"torch.linalg.lstsq: Expected input and other to have the same dtype, "
                            f"but got input's dtype {a.dtype} and other's dtype {b.dtype}")
     if driver not in ("gels", "gelsy", "gelsd", "gelss"):
-        raise RuntimeError(f"torch.linalg.lstsq: parameter `driver` should be one of (gels, gelsy, gelsd, gelss)")
+        raise RuntimeError("torch.linalg.lstsq: parameter `driver` should be one of (gels, gelsy, gelsd, gelss)")
     m, n = a.shape[-2], a.shape[-1]
     vec = b.dim() == a.dim() - 1
     bm = b.unsqueeze(-1) if vec else b

@@ -18,7 +18,6 @@ from jax import lax
 
 from . import conv_cpu, ctx, lowering, out_dtype, out_shape
 from .reductions import log_softmax_of
-from .. import runtime
 
 _HI = lax.Precision.HIGHEST
 
@@ -84,9 +83,10 @@ def _grad_scale(g, x, reduction):
 # ---- convolution -----------------------------------------------------------------------
 
 def _cpu_formulation(x, transposed, groups) -> bool:
-    """Whether conv_cpu's formulations apply: XLA:CPU, ungrouped, real floating point."""
-    return (not transposed and groups == 1 and 1 <= x.ndim - 2 <= 3
-            and jnp.issubdtype(x.dtype, jnp.floating) and runtime.platform() == "CPU")
+    """Whether conv_cpu's formulations apply: the platform asks for them (XLA:CPU),
+    ungrouped, real floating point."""
+    return (ctx.patch_convolutions and not transposed and groups == 1 and 1 <= x.ndim - 2 <= 3
+            and jnp.issubdtype(x.dtype, jnp.floating))
 
 
 def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
@@ -530,56 +530,6 @@ def _saved(v, i):
 def native_batch_norm(x, w, b, rm, rv, training, momentum, eps):
     y, mean, invstd, _, _ = _bn_forward(x, w, b, rm, rv, training, momentum, eps)
     return y, _saved(mean, 1), _saved(invstd, 2)
-
-
-# `native_batch_norm` updates running_mean/running_var in place although its schema does
-# not say so, so functionalization hands it to the backend as is and a pure lowering would
-# lose the update. Its kernel is therefore a Python one: it runs the functional variant
-# (which returns the new statistics) and writes them into the (inner) stats tensors, the
-# way `copy_` does. It is registered here, outside the lowering table.
-_bn_lib = None
-
-
-def _k_native_batch_norm(x, w, b, rm, rv, training, momentum, eps):
-    from .. import dispatch
-    aten = torch.ops.aten
-    # The saved statistics have the running statistics' dtype (the input's without them)
-    # and are empty in evaluation mode, as on the CPU.
-    stat_dtype = rm.dtype if rm is not None else x.dtype
-    if not training:
-        y = aten._native_batch_norm_legit_no_training.default(x, w, b, rm, rv, momentum, eps)[0]
-        empty = torch.empty((0,), dtype=stat_dtype, device=x.device)
-        return y, empty, empty.clone()
-    if rm is not None or rv is not None:
-        if rm is None or rv is None:
-            raise RuntimeError("native_batch_norm: running_mean and running_var must be both given or both None")
-        # The overload itself, not the packet: the packet resolves its overload per call.
-        y, mean, invstd, nrm, nrv = aten._native_batch_norm_legit_functional.default(
-            x, w, b, rm, rv, True, momentum, eps)
-        dispatch.k_copy_(rm, nrm)
-        dispatch.k_copy_(rv, nrv)
-    else:
-        y, mean, invstd = aten._native_batch_norm_legit.no_stats(x, w, b, True, momentum, eps)
-    if mean.dtype != stat_dtype:
-        mean, invstd = mean.to(stat_dtype), invstd.to(stat_dtype)
-    return y, mean, invstd
-
-
-def _k_native_batch_norm_legit(x, w, b, rm, rv, training, momentum, eps):
-    """`_native_batch_norm_legit` (declared mutating; reaches the backend only outside
-    functionalization, which otherwise turns it into the _functional variant)."""
-    return _k_native_batch_norm(x, w, b, rm, rv, training, momentum, eps)
-
-
-def _register_batch_norm_kernel():
-    global _bn_lib
-    if _bn_lib is None:
-        _bn_lib = torch.library.Library("aten", "IMPL")
-        _bn_lib.impl("native_batch_norm", _k_native_batch_norm, "PrivateUse1")
-        _bn_lib.impl("_native_batch_norm_legit", _k_native_batch_norm_legit, "PrivateUse1")
-
-
-_register_batch_norm_kernel()
 
 
 def _meta_bn_functional(x, w, b, rm, rv, training, momentum, eps):

@@ -67,7 +67,7 @@ def _digamma(x):
     return jnp.where(x == 0, jnp.copysign(_inf(x), -x), lax.digamma(x))
 
 
-@lowering("aten::digamma", promote=True, opmath=True)
+@lowering("aten::digamma", promote=True)
 def digamma(x):
     return _digamma(_fp(x))
 
@@ -141,13 +141,13 @@ def _zeta(x, q):
 
 
 @lowering("aten::special_zeta", "aten::special_zeta.other_scalar", "aten::special_zeta.self_scalar",
-          promote=True, opmath=True)
+          promote=True)
 def special_zeta(x, q):
     x, q = _fp(x, q)
     return _zeta(_wide(x), _wide(q))
 
 
-@lowering("aten::polygamma", "aten::special_polygamma", promote=True, opmath=True)
+@lowering("aten::polygamma", "aten::special_polygamma", promote=True)
 def polygamma(n, x):
     x = _fp(x)
     if n == 0:
@@ -170,13 +170,13 @@ def _igamma_edges(a, x, v, upper):
     return jnp.where((x < 0) | (a < 0), nan, r)
 
 
-@lowering("aten::igamma", promote=True, opmath=True)
+@lowering("aten::igamma", promote=True)
 def igamma(a, x):
     a, x = _fp(a, x)
     return _igamma_edges(a, x, jss.gammainc(a, x), upper=False)
 
 
-@lowering("aten::igammac", promote=True, opmath=True)
+@lowering("aten::igammac", promote=True)
 def igammac(a, x):
     a, x = _fp(a, x)
     return _igamma_edges(a, x, jss.gammaincc(a, x), upper=True)
@@ -184,58 +184,58 @@ def igammac(a, x):
 
 # ---- error function / normal distribution / entropy -----------------------------------------
 
-@lowering("aten::special_ndtri", promote=True, opmath=True)
+@lowering("aten::special_ndtri", promote=True)
 def special_ndtri(x):
     return jss.ndtri(_fp(x))
 
 
-@lowering("aten::special_log_ndtr", promote=True, opmath=True)
+@lowering("aten::special_log_ndtr", promote=True)
 def special_log_ndtr(x):
     return jss.log_ndtr(_fp(x))
 
 
-@lowering("aten::special_erfcx", promote=True, opmath=True)
+@lowering("aten::special_erfcx", promote=True)
 def special_erfcx(x):
     x = _fp(x)
     # jax's float32 erfcx underflows to 0 for x > ~9.2 (exp(x^2) overflows); use float64.
     return jss.erfcx(_wide(x)).astype(x.dtype)
 
 
-@lowering("aten::special_entr", promote=True, opmath=True)
+@lowering("aten::special_entr", promote=True)
 def special_entr(x):
     return jss.entr(_fp(x))
 
 
 @lowering("aten::special_xlog1py", "aten::special_xlog1py.other_scalar", "aten::special_xlog1py.self_scalar",
-          promote=True, opmath=True)
+          promote=True)
 def special_xlog1py(x, y):
     return jss.xlog1py(*_fp(x, y))
 
 
 # ---- modified Bessel functions -------------------------------------------------------------------
 
-@lowering("aten::special_i0e", promote=True, opmath=True)
+@lowering("aten::special_i0e", promote=True)
 def special_i0e(x):
     return jss.i0e(_fp(x))
 
 
-@lowering("aten::special_i1", promote=True, opmath=True)
+@lowering("aten::special_i1", promote=True)
 def special_i1(x):
     return jss.i1(_fp(x))
 
 
-@lowering("aten::special_i1e", promote=True, opmath=True)
+@lowering("aten::special_i1e", promote=True)
 def special_i1e(x):
     return jss.i1e(_fp(x))
 
 
-@lowering("aten::special_modified_bessel_i0", promote=True, opmath=True)
+@lowering("aten::special_modified_bessel_i0", promote=True)
 def special_modified_bessel_i0(x):
     x = _fp(x)
     return jnp.exp(jnp.abs(x)) * jss.i0e(x)  # inf * 0 -> NaN at +-inf, as on the CPU
 
 
-@lowering("aten::special_modified_bessel_i1", promote=True, opmath=True)
+@lowering("aten::special_modified_bessel_i1", promote=True)
 def special_modified_bessel_i1(x):
     x = _fp(x)
     return jnp.exp(jnp.abs(x)) * jss.i1e(x)
@@ -315,7 +315,7 @@ def _k(x, order, scaled):
 def _register_order_family(fn, names):
     """Registers `fn(x, order, flag)` for each (aten name, order, flag)."""
     for name, order, flag in names:
-        lowering("aten::" + name, promote=True, opmath=True)(
+        lowering("aten::" + name, promote=True)(
             (lambda o, f: lambda x: fn(_fp(x), o, f))(order, flag))
 
 
@@ -389,7 +389,7 @@ _register_order_family(_bessel, (("special_bessel_j0", 0, False), ("special_bess
                                  ("special_bessel_y0", 0, True), ("special_bessel_y1", 1, True)))
 
 
-@lowering("aten::special_spherical_bessel_j0", promote=True, opmath=True)
+@lowering("aten::special_spherical_bessel_j0", promote=True)
 def special_spherical_bessel_j0(x):
     x = _fp(x)
     x2 = x * x
@@ -420,7 +420,7 @@ def _airy_u(n_terms):
 _AIRY_U = _airy_u(16)
 
 
-@lowering("aten::special_airy_ai", promote=True, opmath=True)
+@lowering("aten::special_airy_ai", promote=True)
 def special_airy_ai(x):
     x = _fp(x)
     xw = _wide(x)
@@ -552,14 +552,14 @@ def _register_chebyshev(kind):
     first, closed, (c_plain, c_shift), at_one, at_minus_one = _CHEB[kind]
 
     @lowering(f"aten::special_chebyshev_polynomial_{kind}", f"aten::special_chebyshev_polynomial_{kind}.x_scalar",
-              f"aten::special_chebyshev_polynomial_{kind}.n_scalar", promote=True, opmath=True)
+              f"aten::special_chebyshev_polynomial_{kind}.n_scalar", promote=True)
     def plain(x, n):
         x, n = _poly_args(x, n)
         return _chebyshev(x, n, first, c_plain, closed, at_one, at_minus_one)
 
     @lowering(f"aten::special_shifted_chebyshev_polynomial_{kind}",
               f"aten::special_shifted_chebyshev_polynomial_{kind}.x_scalar",
-              f"aten::special_shifted_chebyshev_polynomial_{kind}.n_scalar", promote=True, opmath=True)
+              f"aten::special_shifted_chebyshev_polynomial_{kind}.n_scalar", promote=True)
     def shifted(x, n):
         x, n = _poly_args(x, n)
         return _chebyshev(x, n, first, c_shift, closed, at_one, at_minus_one, shifted=True)
@@ -575,7 +575,7 @@ def _hermite_limit(dt):
 
 
 @lowering("aten::special_hermite_polynomial_h", "aten::special_hermite_polynomial_h.x_scalar",
-          "aten::special_hermite_polynomial_h.n_scalar", promote=True, opmath=True)
+          "aten::special_hermite_polynomial_h.n_scalar", promote=True)
 def special_hermite_polynomial_h(x, n):
     x, n = _poly_args(x, n)
     q = _recurrence(jnp.ones_like(x), x + x, n, lambda k, p, q: (x + x) * q - (k + k) * p,
@@ -585,7 +585,7 @@ def special_hermite_polynomial_h(x, n):
 
 
 @lowering("aten::special_hermite_polynomial_he", "aten::special_hermite_polynomial_he.x_scalar",
-          "aten::special_hermite_polynomial_he.n_scalar", promote=True, opmath=True)
+          "aten::special_hermite_polynomial_he.n_scalar", promote=True)
 def special_hermite_polynomial_he(x, n):
     x, n = _poly_args(x, n)
     q = _recurrence(jnp.ones_like(x), x, n, lambda k, p, q: x * q - k * p,
@@ -595,7 +595,7 @@ def special_hermite_polynomial_he(x, n):
 
 
 @lowering("aten::special_laguerre_polynomial_l", "aten::special_laguerre_polynomial_l.x_scalar",
-          "aten::special_laguerre_polynomial_l.n_scalar", promote=True, opmath=True)
+          "aten::special_laguerre_polynomial_l.n_scalar", promote=True)
 def special_laguerre_polynomial_l(x, n):
     x, n = _poly_args(x, n)
     q = _recurrence(jnp.ones_like(x), 1 - x, n, lambda k, p, q: (((k + k) + (1 - x)) * q - k * p) / (k + 1),
@@ -605,7 +605,7 @@ def special_laguerre_polynomial_l(x, n):
 
 
 @lowering("aten::special_legendre_polynomial_p", "aten::special_legendre_polynomial_p.x_scalar",
-          "aten::special_legendre_polynomial_p.n_scalar", promote=True, opmath=True)
+          "aten::special_legendre_polynomial_p.n_scalar", promote=True)
 def special_legendre_polynomial_p(x, n):
     x, n = _poly_args(x, n)
     end = jnp.abs(x) == 1
@@ -640,12 +640,12 @@ def frexp(x):
     return m, e.astype(out_dtype(1))
 
 
-@lowering("aten::logaddexp", promote=True, opmath=True)
+@lowering("aten::logaddexp", promote=True)
 def logaddexp(x, y):
     return jnp.logaddexp(*_fp(x, y))
 
 
-@lowering("aten::logaddexp2", promote=True, opmath=True)
+@lowering("aten::logaddexp2", promote=True)
 def logaddexp2(x, y):
     return jnp.logaddexp2(*_fp(x, y))
 

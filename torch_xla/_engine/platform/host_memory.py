@@ -25,10 +25,12 @@ gap); smaller programs are dispatched at once and run ahead as before.
 from __future__ import annotations
 
 import ctypes
-import os
+
 import sys
 import time
 from typing import Optional
+
+from .. import config
 
 LARGE_TEMP_BYTES = 64 << 20
 # The temporary buffer is freed a few ms after the outputs are ready (5-14 ms measured on
@@ -67,7 +69,7 @@ def configure() -> bool:
     before the CPU client starts its threads; returns whether the allocator was changed."""
     if _state["active"]:
         return True
-    if os.environ.get("PT_XLA_RETAIN_HOST_MEMORY", "1") == "0":
+    if not config.get("PT_XLA_RETAIN_HOST_MEMORY"):
         return False
     libc = _glibc()
     if not libc:

@@ -18,7 +18,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import ir, metrics, runtime
+from .. import config, ir, metrics, runtime
 
 _state = {"dir": None, "readonly": False, "env": None}
 
@@ -59,14 +59,14 @@ def _env() -> str:
         jax = runtime.jax_module()
         import jaxlib
         h = hashlib.sha256()
-        engine = os.path.dirname(os.path.abspath(__file__))
+        engine = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         for root, _, files in sorted(os.walk(engine)):
             for f in sorted(files):
                 if f.endswith(".py"):
                     with open(os.path.join(root, f), "rb") as fh:
                         h.update(f.encode() + fh.read())
         for v in ("XLA_FLAGS", "XLA_USE_BF16", "XLA_DOWNCAST_BF16", "XLA_NO_SPECIAL_SCALARS"):
-            h.update(f"{v}={os.environ.get(v, '')}".encode())
+            h.update(f"{v}={config.raw(v) or ''}".encode())
         h.update(f"{jax.__version__}/{jaxlib.__version__}/{runtime.platform()}".encode())
         _state["env"] = h.hexdigest()
     return _state["env"]

@@ -13,7 +13,7 @@ from typing import Callable, Dict
 
 import torch
 
-from . import metrics
+from .. import metrics
 
 # aten overloads (packet.overload) whose decompositions use only lowered ops.
 DECOMPOSED = (

@@ -1,0 +1,188 @@
+"""Every environment variable torch_xla reads, in one place.
+
+Each variable is declared once below with its type, default and meaning; the README's
+table is this registry. Settings of the process (platform, dtypes, tuning opt-outs) are
+parsed on first use and kept (`reload()` forgets them, for tests that change them at run
+time). A process's place in a job (ranks, world size, coordinator) is read at every call:
+launchers and tests set it after import. No other module of the package reads
+`os.environ`.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, Mapping, Optional
+
+
+@dataclass(frozen=True)
+class Var:
+    name: str
+    kind: str          # "str" | "int" | "float" | "bool"
+    default: Any
+    meaning: str
+    cached: bool = True
+
+
+_VARS = [
+    Var("PJRT_DEVICE", "str", "", "`CPU`, `CUDA` or `TPU` (unset: the best available)"),
+    Var("CPU_NUM_DEVICES", "int", 0,
+        "CPU devices: in one process, that many virtual devices; for `torch_xla.launch` / "
+        "`xmp.spawn`, that many processes", cached=False),
+    Var("XLA_USE_BF16", "bool", False, "compute float32 and float64 in bfloat16 on the device"),
+    Var("XLA_DOWNCAST_BF16", "bool", False,
+        "compute float32 in bfloat16 and float64 in float32 on the device"),
+    Var("XLA_NO_SPECIAL_SCALARS", "bool", False,
+        "make 0 and 1 graph parameters like every other Python scalar"),
+    Var("XLA_NO_DONATION", "bool", False, "never donate the buffers of overwritten tensors"),
+    Var("XLA_USE_SPMD", "bool", False, "SPMD mode (`xr.use_spmd()`)", cached=False),
+    Var("XLA_FLAGS", "str", "", "XLA's own flags, passed to the compiler", cached=False),
+    Var("XLA_COLLECTIVE_TIMEOUT_S", "int", 1800,
+        "seconds a process waits for its peers (job start, collectives, shutdown)"),
+    Var("XLA_HEARTBEAT_TIMEOUT_S", "int", 60,
+        "seconds without a heartbeat before the coordination service declares a process dead"),
+    Var("PT_XLA_TUNE_GC", "bool", True,
+        "`0`: leave Python's garbage collector as it is (no `gc.freeze()`, no threshold change)"),
+    Var("PT_XLA_RETAIN_HOST_MEMORY", "bool", True,
+        "`0`: leave glibc's allocator as it is on the CPU device (no `mallopt`)"),
+    Var("PT_XLA_PATCH_MODULE_APPLY", "bool", True,
+        "`0`: do not wrap `torch.nn.Module._apply` (tied parameters may come untied by `.to(xla)`)"),
+    Var("PT_XLA_LEAN_INPLACE_META", "bool", True,
+        "`0`: do not cache the meta checks of in-place elementwise ops under functionalization"),
+    Var("PT_XLA_FUNCTIONALIZE_COPY", "bool", True,
+        "`0`: keep PyTorch's Functionalize kernel of `copy_` (then `cpu.copy_(xla)` fails)"),
+    Var("PT_XLA_LAZY_DYNAMO_DISABLE", "bool", True,
+        "`0`: let PyTorch's meta kernels import `torch._dynamo` on their first call"),
+    Var("TORCH_XLA_JAX_PROCESS_ID", "int", None, "set by the launcher: this process's rank", cached=False),
+    Var("TORCH_XLA_JAX_WORLD_SIZE", "int", None, "set by the launcher: number of processes", cached=False),
+    Var("TORCH_XLA_JAX_LOCAL_RANK", "int", None, "set by the launcher: rank on this host", cached=False),
+    Var("TORCH_XLA_JAX_LOCAL_WORLD_SIZE", "int", None,
+        "set by the launcher: processes on this host", cached=False),
+    Var("TORCH_XLA_JAX_COORDINATOR", "str", None,
+        "`host:port` of the job's coordination service (set by the launcher)", cached=False),
+    Var("TORCH_XLA_JAX_KILL_GRACE_S", "float", 5.0,
+        "seconds the launcher waits after SIGTERM before SIGKILL when a replica fails"),
+    Var("RANK", "int", None, "torchrun: global rank", cached=False),
+    Var("WORLD_SIZE", "int", None, "torchrun: number of processes", cached=False),
+    Var("LOCAL_RANK", "int", None, "torchrun: rank on this host", cached=False),
+    Var("LOCAL_WORLD_SIZE", "int", None, "torchrun: processes on this host", cached=False),
+    Var("MASTER_ADDR", "str", None, "torchrun: the master host (coordinator on MASTER_PORT+1)",
+        cached=False),
+    Var("MASTER_PORT", "str", None, "torchrun: the master's store port", cached=False),
+    Var("JAX_PLATFORMS", "str", "", "jax's platform list (set from PJRT_DEVICE when unset)", cached=False),
+    Var("DEBUG", "bool", False, "`torch_xla.utils.utils.get_print_fn`: print when set", cached=False),
+]
+VARS: Dict[str, Var] = {v.name: v for v in _VARS}
+_cache: Dict[str, Any] = {}
+_FALSE = ("", "0", "false", "no", "off")
+
+
+def _parse(var: Var, raw: Optional[str]) -> Any:
+    if raw is None or (raw == "" and var.kind != "str"):
+        return var.default
+    if var.kind == "bool":
+        return raw.strip().lower() not in _FALSE
+    if var.kind == "int":
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"environment variable {var.name}={raw!r} is not an integer") from None
+    if var.kind == "float":
+        try:
+            return float(raw)
+        except ValueError:
+            raise ValueError(f"environment variable {var.name}={raw!r} is not a number") from None
+    return raw
+
+
+def get(name: str) -> Any:
+    """The parsed value of a registered variable (its default when unset)."""
+    var = VARS[name]
+    if var.cached:
+        try:
+            return _cache[name]
+        except KeyError:
+            pass
+    value = _parse(var, os.environ.get(name))
+    if var.cached:
+        _cache[name] = value
+    return value
+
+
+def raw(name: str) -> Optional[str]:
+    """The variable's text as set (None when unset)."""
+    return os.environ.get(VARS[name].name)
+
+
+def is_set(name: str) -> bool:
+    return raw(name) not in (None, "")
+
+
+def reload() -> None:
+    """Forgets the parsed settings: the next `get` reads the environment again."""
+    _cache.clear()
+
+
+def getenv_as(name: str, vtype: type, default: Any = None) -> Any:
+    """Any environment variable as `vtype` (the public `xu.getenv_as`)."""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    if vtype is bool:
+        low = text.strip().lower()
+        if low in ("1", "true", "yes", "on", "y", "t"):
+            return True
+        if low in ("0", "false", "no", "off", "n", "f", ""):
+            return False
+        raise ValueError(f"environment variable {name}={text!r} is not a boolean")
+    return vtype(text)
+
+
+def environ_items() -> Mapping[str, str]:
+    """A copy of the whole environment (for reports that list it)."""
+    return dict(os.environ)
+
+
+# ---- the few places that write the environment ---------------------------------------------
+
+def set_default(name: str, value: str) -> None:
+    """Sets a variable unless it is already set (for libraries read after us: jax, XLA)."""
+    os.environ.setdefault(name, value)
+    _cache.pop(name, None)
+
+
+def add_xla_flag(flag: str) -> None:
+    """Appends `--flag` to XLA_FLAGS unless the flag's name is already there."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if flag.split("=")[0].lstrip("-") not in flags:
+        os.environ["XLA_FLAGS"] = (flags + f" --{flag.lstrip('-')}").strip()
+
+
+def update(env: Mapping[str, str]) -> None:
+    """Sets several variables (a launched replica's environment)."""
+    os.environ.update(env)
+    for k in env:
+        _cache.pop(k, None)
+
+
+@contextlib.contextmanager
+def overlay(env: Mapping[str, str]) -> Iterator[None]:
+    """Sets `env` for the duration of the block, then restores what was there."""
+    saved = {k: os.environ.get(k) for k in env}
+    update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+            _cache.pop(k, None)
+
+
+def table() -> str:
+    """The registry as a markdown table (README)."""
+    rows = ["| variable | meaning |", "| --- | --- |"]
+    rows += [f"| `{v.name}` | {v.meaning} |" for v in _VARS]
+    return "\n".join(rows)

@@ -1,0 +1,145 @@
+"""The barrier: pending IR becomes compiled programs, run asynchronously.
+
+A barrier collects the live tensors with pending IR, walks their graph once, picks a
+program strategy, and looks the graph up by key. A miss compiles it (`compile.py`); a
+hit replays the executable on the new buffers. Only host reads wait for results.
+"""
+from __future__ import annotations
+
+import threading
+from typing import List, Optional
+
+from .. import ir, metrics, rng
+from ..tensor import XlaState, pending
+from . import closures, compile as compiling, strategies
+from .donation import donatable
+from .graph import Graph
+
+_lock = threading.RLock()
+_listeners = {"after_sync": []}
+
+
+def walk(roots) -> Graph:
+    """The keyed graph of `roots` ((node, idx) values) and its strategy."""
+    graph = Graph(roots)
+    strategy = strategies.for_graph(graph)
+    return graph.keyed(strategy.name), strategy
+
+
+def execute(states: List[XlaState], barrier: bool = False) -> None:
+    """Computes the pending values of `states` in one program and stores the results.
+
+    `barrier`: `states` are all the live pending tensors (a full barrier). Only then can
+    the executor know that no IR outside this graph still reads a buffer, so only then
+    are the buffers of overwritten tensors donated.
+    """
+    states = [s for s in states if type(s.node) is not ir.DeviceData]
+    if not states:
+        return
+    # Several states may share one value (aliases): compute each value once.
+    roots = []
+    root_of = {}
+    for s in states:
+        k = (id(s.node), s.idx)
+        if k not in root_of:
+            root_of[k] = len(roots)
+            roots.append((s.node, s.idx))
+    graph, strategy = walk(roots)
+    args = graph.param_values()
+    donate = donatable(graph) if barrier and strategy.donates else ()
+    args = strategy.to_args(args, graph)
+    exe = compiling.lookup(graph.key, donate)
+    if exe is None:
+        exe = compiling.compile_graph(graph, strategy, args, donate)
+        compiling.remember(graph.key, exe)
+    else:
+        metrics.inc("CachedCompile")
+    if exe.paced:
+        pol = compiling.platform_policy()
+        token = pol.before_dispatch(exe.paced)
+    with metrics.timed("ExecuteTime"):
+        outs = exe.compiled(*args)
+    if exe.paced:
+        pol.after_dispatch(exe.paced, token, outs)
+    outs = strategy.from_outputs(outs, graph)
+    del graph
+    metrics.inc("ExecuteCount")
+    del args
+    by_array = {}
+    for s in states:
+        r = root_of[(id(s.node), s.idx)]
+        # States that computed the same root share one DeviceData leaf (and one buffer).
+        node = by_array.get(r)
+        if node is None:
+            node = by_array[r] = ir.DeviceData(outs[r], (s.shape, s.dtype))
+        s.set_data(node)
+
+
+def sync(wait: bool = False, states: Optional[List[XlaState]] = None) -> None:
+    """The barrier: runs all pending IR (or that of `states`) and the step closures."""
+    with _lock:
+        live = pending.take_live() if states is None else states
+        if live:
+            metrics.add_sample("TensorsGraphSize", len(live))
+            try:
+                execute(live, barrier=states is None)
+            except BaseException:
+                if states is None:
+                    pending.restore(live)
+                raise
+        if states is None:
+            rng.advance_step()
+        for cb in _listeners["after_sync"]:
+            cb()
+        if wait:
+            wait_all(live)
+    if states is None:
+        closures.run()
+
+
+def materialize(state: XlaState):
+    """The device buffer of `state`, running its pending graph if needed."""
+    if type(state.node) is not ir.DeviceData:
+        with _lock:
+            if type(state.node) is not ir.DeviceData:
+                execute([state])
+    return state.node.array
+
+
+def wait_all(states=None) -> None:
+    if states is None:
+        return
+    for s in states:
+        if type(s.node) is ir.DeviceData:
+            try:
+                s.node.array.block_until_ready()
+            except Exception:
+                pass
+
+
+def lowered(roots):
+    """The jax `Lowered` program computing `roots` (no compilation, no execution)."""
+    graph, strategy = walk(roots)
+    return compiling.lowered(graph, strategy)
+
+
+def lower_text(roots) -> str:
+    """The StableHLO text of the program computing `roots` (no execution)."""
+    return lowered(roots).as_text()
+
+
+def pending_graph_key():
+    """The key of the graph a full barrier would run now (None when nothing is pending)."""
+    live = pending.take_live()
+    pending.restore(live)
+    roots = []
+    seen = set()
+    for s in live:
+        k = (id(s.node), s.idx)
+        if k not in seen:
+            seen.add(k)
+            roots.append((s.node, s.idx))
+    if not roots:
+        return None
+    graph, _ = walk(roots)
+    return graph.key

@@ -1,0 +1,94 @@
+"""Compiling a graph, and the caches of compiled programs (in memory, and on disk)."""
+from __future__ import annotations
+
+import time
+from typing import Dict, List, Optional
+
+from .. import metrics, runtime
+from ..platform import policy
+from . import persistent
+from .graph import Graph
+from .lower import build_fn
+
+_cache: Dict[int, List["Executable"]] = {}
+
+
+class Executable:
+    __slots__ = ("compiled", "donated", "paced")
+
+    def __init__(self, compiled, donated: tuple, paced: int):
+        self.compiled = compiled
+        self.donated = donated
+        # The bytes its dispatches wait for (the platform's host-memory pacing), or 0.
+        self.paced = paced
+
+
+def platform_policy():
+    return policy(runtime.platform())
+
+
+def compile_graph(graph: Graph, strategy, args, donate: tuple) -> Executable:
+    """Lowers and compiles `graph` (or loads it from the persistent cache)."""
+    jax = runtime.jax_module()
+    pol = platform_policy()
+    pkey = None
+    if persistent.enabled() and strategy.persistable:
+        pkey = persistent.key(graph, tuple(donate))
+        if pkey is not None:
+            exe = persistent.load(pkey)
+            if exe is not None:
+                return Executable(exe, donate, pol.paced_bytes(exe))
+    fn = strategy.wrap(build_fn(graph, pol.patch_convolutions), graph)
+    if not strategy.donates:
+        donate = ()
+    pol.before_compile()
+    t0 = time.perf_counter()
+    with metrics.timed("CompileTime"):
+        lowered = jax.jit(fn, donate_argnums=donate, keep_unused=True).lower(*args)
+        opts = pol.compiler_options(graph.op_avals())
+        compiled = lowered.compile(compiler_options=opts) if opts else lowered.compile()
+    metrics.inc("UncachedCompile")
+    if pkey is not None:
+        persistent.store(pkey, compiled)
+    pol.after_compile(time.perf_counter() - t0)
+    return Executable(compiled, donate, pol.paced_bytes(compiled))
+
+
+def lookup(key: int, donatable: tuple) -> Optional[Executable]:
+    """A compiled program for `key` that donates only buffers that may be donated now.
+
+    Which buffers are free to donate can change between steps with the same graph (an
+    optimizer's state appears at step 2): an executable donating a subset is reused
+    rather than compiling again.
+    """
+    exes = _cache.get(key)
+    if not exes:
+        return None
+    best = None
+    free = set(donatable)
+    for exe in exes:
+        if exe.donated == donatable:
+            return exe
+        if free.issuperset(exe.donated) and (best is None or len(exe.donated) > len(best.donated)):
+            best = exe
+    return best
+
+
+def remember(key: int, exe: Executable) -> None:
+    _cache.setdefault(key, []).append(exe)
+
+
+def lowered(graph: Graph, strategy):
+    """The jax `Lowered` program of a graph (no compilation, no execution)."""
+    jax = runtime.jax_module()
+    args = strategy.to_args(graph.param_values(), graph)
+    fn = strategy.wrap(build_fn(graph, platform_policy().patch_convolutions), graph)
+    return jax.jit(fn, keep_unused=True).lower(*args)
+
+
+def cache_size() -> int:
+    return sum(len(v) for v in _cache.values())
+
+
+def clear_cache() -> None:
+    _cache.clear()

@@ -1,0 +1,84 @@
+"""A barrier's graph: one walk over the pending IR, its parameters and its key."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .. import ir, runtime
+
+COLLECTIVE_OPS = frozenset({"xla::all_reduce", "xla::all_gather", "xla::reduce_scatter",
+                            "xla::all_to_all", "xla::collective_permute"})
+
+
+class Graph:
+    """A walked graph: program structure plus the parameters bound for this run.
+
+    One walk (operands before users) collects everything the barrier needs: the order,
+    parameter slots, and how operands bind to positions. The key is the structure hashes
+    of the roots plus that binding (two graphs with equal node hashes may share a leaf
+    differently: x+x vs x+y) plus the program strategy's name.
+    """
+
+    def __init__(self, roots: Sequence[tuple]):
+        self.roots = list(roots)  # (node, output index) values
+        order = []
+        index = {}       # id(node) -> position in order
+        params = []      # leaf nodes bound to parameters, in slot order
+        slot = {}        # id(leaf) -> slot
+        binding = []
+        collective = False
+        seen = set()
+        device_data, scalar_param = ir.DeviceData, ir.ScalarParam
+        stack = [(n, False) for n, _ in reversed(self.roots)]
+        while stack:
+            node, expanded = stack.pop()
+            nid = id(node)
+            if expanded:
+                index[nid] = len(order)
+                order.append(node)
+                t = type(node)
+                if t is device_data or t is scalar_param:
+                    slot[nid] = len(params)
+                    params.append(node)
+                    continue
+                ops = node.operands
+                if ops:
+                    binding.append(tuple(index[id(o)] for o, _ in ops))
+                if node.op in COLLECTIVE_OPS:
+                    collective = True
+                continue
+            if nid in seen:
+                continue
+            seen.add(nid)
+            stack.append((node, True))
+            for o, _ in reversed(node.operands):
+                if id(o) not in seen:
+                    stack.append((o, False))
+        self.order = order
+        self.params = params
+        self.slot = slot
+        self.index = index
+        self.has_collective = collective
+        self.binding = tuple(binding)
+        self.key = None  # set by keyed()
+
+    def keyed(self, strategy_name: str) -> "Graph":
+        self.key = hash((tuple((n.hash, i) for n, i in self.roots), self.binding, len(self.order),
+                         strategy_name))
+        return self
+
+    def param_values(self) -> list:
+        out = []
+        for p in self.params:
+            if type(p) is ir.DeviceData:
+                out.append(p.array)
+            else:
+                out.append(np.asarray(p.value, dtype=runtime.device_dtype(p.avals[0][1])))
+        return out
+
+    def op_avals(self):
+        """(op name, first output aval) of every op node (for platform policies)."""
+        for n in self.order:
+            if n.lowering is not None and n.avals and n.avals[0] is not None:
+                yield n.op, n.avals[0]

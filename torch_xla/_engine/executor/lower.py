@@ -1,0 +1,63 @@
+"""A graph as a pure jax function of its parameters, one lowering per node."""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import ir, runtime
+from ..lowering import LoweringError, apply, ctx as lowering_ctx
+from .graph import Graph
+
+
+class GraphCompileError(RuntimeError):
+    pass
+
+
+def _subst(a, vals):
+    t = type(a)
+    if t is ir.Ref:
+        return vals[a[1]]
+    if t is tuple or t is list:
+        return t(_subst(x, vals) for x in a)
+    return a
+
+
+def lower_node(node: ir.Node, operand_vals: list) -> tuple:
+    """Applies a node's lowering to jax values; returns its outputs as a tuple."""
+    out_avals = tuple(None if a is None else (a[0], runtime.device_dtype(a[1])) for a in node.avals)
+    cdt = runtime.device_dtype(node.info) if node.lowering.promote and node.info is not None else None
+    return apply(node.lowering, _subst(node.args, operand_vals), out_avals, cdt)
+
+
+def build_fn(graph: Graph, patch_convolutions: bool):
+    """A pure function params -> root values, evaluating the nodes with their lowerings."""
+    import jax.numpy as jnp
+    order, slot, index = graph.order, graph.slot, graph.index
+    root_pos = [(index[id(n)], i) for n, i in graph.roots]
+    plan = []
+    for n in order:
+        t = type(n)
+        if t is ir.DeviceData or t is ir.ScalarParam:
+            plan.append(("p", slot[id(n)], None))
+        elif t is ir.Constant:
+            shape, dt = n.avals[0]
+            plan.append(("c", np.asarray(n.value, dtype=runtime.device_dtype(dt)), None))
+        else:
+            plan.append(("n", n, tuple((index[id(o)], i) for o, i in n.operands)))
+
+    def fn(*params):
+        lowering_ctx.patch_convolutions = patch_convolutions
+        vals = [None] * len(plan)
+        for pos, (kind, a, ops) in enumerate(plan):
+            if kind == "p":
+                vals[pos] = (params[a],)
+            elif kind == "c":
+                vals[pos] = (jnp.asarray(a),)
+            else:
+                try:
+                    vals[pos] = lower_node(a, [vals[p][i] for p, i in ops])
+                except LoweringError as e:
+                    raise GraphCompileError(str(e)) from e
+                except Exception as e:
+                    raise GraphCompileError(f"lowering {a.op} failed: {type(e).__name__}: {e}") from e
+        return tuple(vals[p][i] for p, i in root_pos)
+    return fn

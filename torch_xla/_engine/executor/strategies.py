@@ -1,0 +1,100 @@
+"""Program strategies: how one graph becomes a program over this process's devices.
+
+- `Local`: the graph as it is, on this process's device;
+- `Replicated`: a graph holding a collective in a multi-process job, compiled as one SPMD
+  program over the replica mesh (`shard_map` over axis 'r' of every process's device);
+  each process feeds its own buffers as its shard.
+
+A strategy wraps the graph's function, turns the local parameter buffers into the
+program's arguments and its results back into local buffers, and says whether buffers
+may be donated. The executor picks one per graph (`for_graph`).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import job, runtime
+from ..lowering import ctx as lowering_ctx
+from .graph import Graph
+
+
+class Local:
+    name = "local"
+    donates = True
+    persistable = True  # its executables may be stored in the persistent cache
+
+    def wrap(self, fn, graph: Graph):
+        return fn
+
+    def to_args(self, args, graph: Graph):
+        return args
+
+    def from_outputs(self, outs, graph: Graph):
+        return outs
+
+
+class Replicated:
+    name = "replicated"
+    donates = False
+    persistable = False
+
+    def wrap(self, fn, graph: Graph):
+        """Each global parameter is every replica's local buffer concatenated on dim 0 (0-d
+        values as shape (1,)), so inside the program each replica sees its own values."""
+        jax = runtime.jax_module()
+        from jax.sharding import PartitionSpec as P
+        mesh = job.replica_mesh(jax)
+        world = mesh.devices.size
+        in_shapes = [p.avals[0][0] for p in graph.params]
+        out_shapes = [n.avals[i][0] for n, i in graph.roots]
+
+        def body(*gparams):
+            local = [g.reshape(()) if len(s) == 0 else g for g, s in zip(gparams, in_shapes)]
+            lowering_ctx.axis, lowering_ctx.world = "r", world
+            try:
+                outs = fn(*local)
+            finally:
+                lowering_ctx.axis, lowering_ctx.world = None, 1
+            return tuple(o.reshape((1,)) if len(s) == 0 else o for o, s in zip(outs, out_shapes))
+
+        spec = P("r")
+        return jax.shard_map(body, mesh=mesh, in_specs=tuple(spec for _ in in_shapes),
+                             out_specs=tuple(spec for _ in out_shapes), check_vma=False)
+
+    def to_args(self, args, graph: Graph):
+        """Local buffers -> global arrays sharded over the replica mesh."""
+        jax = runtime.jax_module()
+        from jax.sharding import NamedSharding, PartitionSpec as P
+        mesh = job.replica_mesh(jax)
+        world = mesh.devices.size
+        sharding = NamedSharding(mesh, P("r"))
+        dev = runtime.default_device()
+        out = []
+        for a, p in zip(args, graph.params):
+            if len(p.avals[0][0]) == 0:
+                a = np.reshape(np.asarray(a), (1,)) if not hasattr(a, "addressable_shards") else a.reshape((1,))
+            if not hasattr(a, "addressable_shards"):
+                a = jax.device_put(a, dev)
+            gshape = (a.shape[0] * world,) + tuple(a.shape[1:])
+            out.append(jax.make_array_from_single_device_arrays(gshape, sharding, [a]))
+        return out
+
+    def from_outputs(self, outs, graph: Graph):
+        res = []
+        for o, (n, i) in zip(outs, graph.roots):
+            local = o.addressable_shards[0].data
+            if len(n.avals[i][0]) == 0:
+                local = local.reshape(())
+            res.append(local)
+        return res
+
+
+LOCAL = Local()
+REPLICATED = Replicated()
+
+
+def for_graph(graph: Graph):
+    """The strategy of a walked graph."""
+    if graph.has_collective and job.is_multiprocess():
+        return REPLICATED
+    return LOCAL

@@ -1,0 +1,195 @@
+"""This process's place in a job: ranks, the coordinator, jax.distributed, the replica mesh.
+
+One process per device. The launcher (`launcher.py`) sets the TORCH_XLA_JAX_* variables
+before a replica starts, or torchrun sets RANK, WORLD_SIZE, LOCAL_RANK and
+LOCAL_WORLD_SIZE; one process alone is ordinal 0 of 1. When the runtime starts
+(`boot.start_jax`), `join` connects this process to jax's coordination service and runs
+a tiny all-reduce (`warm_up`), so that gloo's communicator (created at the first
+collective, with only a 30 s wait for the peers) is built while the processes are in
+step, not at the model's first all-reduce.
+"""
+from __future__ import annotations
+
+import errno
+import socket
+from typing import Optional
+
+from . import config
+
+ENV_KEYS = ("TORCH_XLA_JAX_PROCESS_ID", "TORCH_XLA_JAX_WORLD_SIZE", "TORCH_XLA_JAX_LOCAL_RANK",
+            "TORCH_XLA_JAX_LOCAL_WORLD_SIZE", "TORCH_XLA_JAX_COORDINATOR")
+
+
+def _first(*names: str, default: int) -> int:
+    for n in names:
+        v = config.get(n)
+        if v is not None:
+            return v
+    return default
+
+
+def world_size() -> int:
+    return _first("TORCH_XLA_JAX_WORLD_SIZE", "WORLD_SIZE", default=1)
+
+
+def global_ordinal() -> int:
+    return _first("TORCH_XLA_JAX_PROCESS_ID", "RANK", default=0)
+
+
+def local_ordinal() -> int:
+    return _first("TORCH_XLA_JAX_LOCAL_RANK", "LOCAL_RANK", default=global_ordinal())
+
+
+def local_process_count() -> int:
+    return _first("TORCH_XLA_JAX_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE", default=world_size())
+
+
+def is_multiprocess() -> bool:
+    return world_size() > 1
+
+
+def under_torchrun() -> bool:
+    """True when an external launcher (torchrun) already made this process one rank of a job."""
+    return (config.is_set("RANK") and config.is_set("WORLD_SIZE")
+            and not config.is_set("TORCH_XLA_JAX_PROCESS_ID"))
+
+
+def in_launched_child() -> bool:
+    return config.is_set("TORCH_XLA_JAX_PROCESS_ID") and config.is_set("TORCH_XLA_JAX_WORLD_SIZE")
+
+
+def master_ip() -> str:
+    addr = config.get("TORCH_XLA_JAX_COORDINATOR") or config.get("MASTER_ADDR")
+    return addr.split(":")[0] if addr else "127.0.0.1"
+
+
+def coordinator_address() -> Optional[str]:
+    """host:port of jax's coordination service for this job (None for one process)."""
+    addr = config.get("TORCH_XLA_JAX_COORDINATOR")
+    if addr:
+        return addr
+    if config.get("MASTER_ADDR") and config.get("MASTER_PORT"):
+        # Launched by torchrun: its store listens on MASTER_PORT; the coordinator takes the next port.
+        return f"{config.get('MASTER_ADDR')}:{int(config.get('MASTER_PORT')) + 1}"
+    return None
+
+
+def collective_timeout_s() -> int:
+    """How long a process waits for its peers (XLA_COLLECTIVE_TIMEOUT_S, default 30 minutes)."""
+    return config.get("XLA_COLLECTIVE_TIMEOUT_S")
+
+
+def check_environment() -> None:
+    """Validates the TORCH_XLA_JAX_* / torchrun variables of this process (clear errors, early)."""
+    ws_raw = config.raw("TORCH_XLA_JAX_WORLD_SIZE") or config.raw("WORLD_SIZE")
+    rk_raw = config.raw("TORCH_XLA_JAX_PROCESS_ID") or config.raw("RANK")
+    if ws_raw is None and rk_raw is None:
+        return
+    try:
+        ws = int(ws_raw) if ws_raw is not None else 1
+        rk = int(rk_raw) if rk_raw is not None else 0
+    except ValueError:
+        raise ValueError(f"bad world size / rank in the environment: WORLD_SIZE={ws_raw!r} "
+                         f"RANK={rk_raw!r}") from None
+    if ws < 1:
+        raise ValueError(f"world size {ws} must be at least 1")
+    if not 0 <= rk < ws:
+        raise ValueError(f"process rank {rk} is out of range for world size {ws}")
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raises a clear error when the coordinator's port is already taken on this host."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("", port))  # the coordination service listens on all interfaces
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                return  # not a local address, or no permission: let the runtime report it
+            raise RuntimeError(
+                f"the coordinator port {port} on {host} is already in use ({e.strerror}); another job "
+                f"may be running. Choose another port (TORCH_XLA_JAX_COORDINATOR=host:port, or "
+                f"MASTER_PORT for torchrun, whose coordinator uses MASTER_PORT+1)") from None
+
+
+def check_coordinator_port() -> None:
+    """In the process that hosts jax's coordination service (rank 0), before it starts: a
+    clear error if the coordinator's port is taken (jax only says "Failed to start RPC
+    server")."""
+    if _state["joined"] or world_size() <= 1 or global_ordinal() != 0:
+        return
+    addr = coordinator_address()
+    if addr:
+        host, _, port = addr.rpartition(":")
+        check_port_free(host, int(port))
+
+
+# ---- the jax distributed runtime -------------------------------------------------------
+
+_state = {"joined": False, "mesh": None, "warm": False}
+
+
+def join(jax) -> None:
+    """Joins the multi-process job (jax.distributed) when this process is one of several."""
+    if _state["joined"] or world_size() <= 1:
+        return
+    addr = coordinator_address()
+    if addr is None:
+        raise RuntimeError(
+            f"WORLD_SIZE={world_size()} but no coordinator address: start the job with "
+            f"torch_xla.launch / xmp.spawn or torchrun (MASTER_ADDR/MASTER_PORT), or set "
+            f"TORCH_XLA_JAX_COORDINATOR=host:port")
+    check_coordinator_port()
+    _state["joined"] = True
+    try:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    except Exception:  # noqa: BLE001  (other jax versions: their default)
+        pass
+    timeout = collective_timeout_s()
+    jax.distributed.initialize(coordinator_address=addr, num_processes=world_size(),
+                               process_id=global_ordinal(), initialization_timeout=timeout,
+                               heartbeat_timeout_seconds=config.get("XLA_HEARTBEAT_TIMEOUT_S"),
+                               # a replica that finishes first waits this long for the others at exit
+                               shutdown_timeout_seconds=timeout)
+    # Every process returns from initialize at about the same time: create gloo's
+    # communicator now.
+    warm_up(jax)
+
+
+def replica_mesh(jax):
+    """The 1-d mesh ('r') of every process's device, in global ordinal order."""
+    if _state["mesh"] is None:
+        import numpy as np
+        from jax.sharding import Mesh
+        devs = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+        _state["mesh"] = Mesh(np.array(devs), ("r",))
+    return _state["mesh"]
+
+
+def warm_up(jax) -> None:
+    """A tiny all-reduce over the replica mesh, checked; a no-op for one process."""
+    if _state["warm"] or world_size() <= 1:
+        return
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    mesh = replica_mesh(jax)
+    world = mesh.devices.size
+    local = jax.local_devices()[0]
+    x = jax.make_array_from_single_device_arrays(
+        (world,), NamedSharding(mesh, P("r")),
+        [jax.device_put(np.full((1,), global_ordinal() + 1, np.int32), local)])
+    fn = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "r"), mesh=mesh, in_specs=P("r"),
+                               out_specs=P("r"), check_vma=False))
+    got = int(np.asarray(fn(x).addressable_shards[0].data)[0])
+    want = world * (world + 1) // 2
+    if got != want:
+        raise RuntimeError(f"warm-up all-reduce over {world} replicas returned {got}, expected {want}")
+    _state["warm"] = True
+
+
+def kv_client():
+    """The coordination service client (key-value store and barriers) of this job."""
+    from jax._src import distributed
+    c = distributed.global_state.client
+    if c is None:
+        raise RuntimeError("the multi-process runtime is not initialised")
+    return c

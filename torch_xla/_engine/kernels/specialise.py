@@ -1,0 +1,150 @@
+"""Specialised kernels: straight-line Python generated per overload from its argument plan.
+
+The generic kernel (`op_kernel.OpKernel.__call__`) loops over the plan's argument kinds
+on every call. On an op's first call, `specialise` generates code for the common case
+of that overload (every tensor argument an inner XLA tensor, the last one possibly a
+wrapped number; every Scalar a Python int or float; a cached shape entry), building the
+same cache key and the same node as the generic kernel, and registers it in place of
+the stub. Anything else (first call of a shape, CPU scalars, fallbacks, eager mode)
+goes to the generic kernel. This is where the per-op tracing cost is decided; a test
+checks that both kernels build equal nodes and that the fast path is taken.
+"""
+from __future__ import annotations
+
+import keyword
+import threading
+
+import torch
+
+from .. import ir
+from ..mode import EAGER
+from ..tensor import make_tensor
+from . import library
+from .op_kernel import NO_SPECIAL_SCALARS, REFS, OpKernel, freeze
+from .plan import OPT_TENSOR, OPT_TENSOR_LIST, STATIC, TENSOR, TENSOR_LIST
+
+
+class LazyFast:
+    """Registered in place of a specialisable kernel: on the op's first call it generates
+    the specialised kernel and registers it in its own place (generating all of them at
+    import would cost about 0.3 s)."""
+    __slots__ = ("kernel", "short")
+
+    def __init__(self, kernel: OpKernel, short: str):
+        self.kernel, self.short = kernel, short
+
+    def __call__(self, *args, **kwargs):
+        k = self.kernel
+        if k.fast is None:
+            with _lock:
+                if k.fast is None:
+                    k.fast = specialise(k)
+                    library.replace(self.short, k.fast, "PrivateUse1")
+        return k.fast(*args, **kwargs)
+
+
+_lock = threading.Lock()
+
+
+def entry_point(k: OpKernel, short: str):
+    """The callable to register for overload `short` of kernel `k`."""
+    return LazyFast(k, short) if specialisable(k) else k
+
+
+def specialisable(k: OpKernel) -> bool:
+    low = k.low
+    if low.alias or low.random or k.is_factory or any(x in (TENSOR_LIST, OPT_TENSOR_LIST) for x in k.kinds):
+        return False
+    if any(keyword.iskeyword(n) or n.startswith("_") for n in k.plan.names):
+        return False
+    tensor_kinds = [x for x in k.kinds if x in (TENSOR, OPT_TENSOR)]
+    # operands must keep the generic kernel's (argument) order
+    return not (OPT_TENSOR in tensor_kinds and TENSOR in tensor_kinds[tensor_kinds.index(OPT_TENSOR):])
+
+
+def specialise(k: OpKernel):
+    """Generates a straight-line kernel for the common case of one overload: every tensor
+    argument an inner XLA tensor (the last one may be a wrapped number), every Scalar a Python int/float, a cached shape entry
+    with one output. It builds the same cache key and node as the generic
+    `OpKernel.__call__`, which it calls for anything else (first call of a shape, other
+    CPU scalars, fallbacks, eager mode), without the per-argument kind dispatch."""
+    low = k.low
+    ns = {"generic": k.__call__, "outputs": k._outputs, "cache": k.cache, "Node": ir.Node, "ScalarParam": ir.ScalarParam,
+          "make_tensor": make_tensor, "Tensor": torch.Tensor, "REFS": REFS, "EAGER": EAGER, "freeze": freeze,
+          "NOSPECIAL": NO_SPECIAL_SCALARS, "NAME": k.name, "LOW": low, "PROMOTE": low.promote}
+    params, call, tensors, lines, key, argv, scalars = [], [], [], [], ["NAME"], [], []
+    kw_only = False
+    tpos = [i for i, x in enumerate(k.kinds) if x in (TENSOR, OPT_TENSOR)]
+    last_t = tpos[-1] if tpos and k.kinds[tpos[-1]] == TENSOR else -1
+    plan = k.plan
+    names = plan.names
+    for i, kind in enumerate(plan.kinds):
+        v = names[i]
+        if plan.kwarg_only[i] and not kw_only:
+            params.append("*")
+            kw_only = True
+        if plan.has_default[i]:
+            ns[f"_d{i}"] = plan.defaults[i]
+            params.append(f"{v}=_d{i}")
+        else:
+            params.append(v)
+        call.append(f"{v}={v}" if plan.kwarg_only[i] else v)
+        if kind == TENSOR and i == last_t:
+            # The last tensor argument may be a wrapped number (`x * 0.5` reaches the
+            # backend as a Python float): a Scalar, as in the generic kernel.
+            lines += [f"_s{i} = getattr({v}, '_xla', None)", f"if _s{i} is not None:",
+                      f"    _k{i} = (_s{i}.shape, _s{i}.dtype); _p{i} = False; _w{i} = REFS[len(_ops)]",
+                      f"    _ops.append((_s{i}.node, _s{i}.idx))",
+                      "else:", f"    _t{i} = type({v})",
+                      f"    if _t{i} is not float and _t{i} is not int:", "        return generic(CALL)",
+                      f"    if not NOSPECIAL and ({v} == 0 or {v} == 1):",
+                      f"        _k{i} = ((_t{i}, {v}),); _p{i} = False; _w{i} = {v}",
+                      "    else:", f"        _k{i} = (_t{i},); _p{i} = True; _w{i} = None"]
+            key.append(f"*_k{i}")
+            argv.append(f"_w{i}")
+            scalars.append((i, v))
+        elif kind == TENSOR:
+            tensors.append(i)
+            key += [f"_s{i}.shape", f"_s{i}.dtype"]
+            argv.append(f"REFS[{len(tensors) - 1}]")
+        elif kind == OPT_TENSOR:
+            lines += [f"if {v} is None:", f"    _k{i} = (None,); _r{i} = None", "else:",
+                      f"    _s{i} = getattr({v}, '_xla', None)", f"    if _s{i} is None:", "        return generic(CALL)",
+                      f"    _k{i} = (_s{i}.shape, _s{i}.dtype)",
+                      f"    _r{i} = REFS[len(_ops)]; _ops.append((_s{i}.node, _s{i}.idx))"]
+            key.append(f"*_k{i}")
+            argv.append(f"_r{i}")
+        elif kind == STATIC:
+            lines.append(f"_x{i} = freeze({v}) if type({v}) is list else {v}")
+            key += [f"type(_x{i})", f"_x{i}"]
+            argv.append(f"_x{i}")
+        else:  # S / OPT_SCALAR: 0 and 1 are constants (unless NOSPECIAL), other numbers parameters
+            scalars.append((i, v))
+            lines += [f"_t{i} = type({v})", f"if {v} is None:", f"    _k{i} = None; _p{i} = False",
+                      f"elif _t{i} is not int and _t{i} is not float:", "    return generic(CALL)",
+                      f"elif not NOSPECIAL and ({v} == 0 or {v} == 1):", f"    _k{i} = (_t{i}, {v}); _p{i} = False",
+                      "else:", f"    _k{i} = _t{i}; _p{i} = True"]
+            key.append(f"_k{i}")
+            argv.append(f"(None if _p{i} else {v})")
+    body = []
+    if tensors:
+        body = (["try:"] + [f"    _s{i} = {names[i]}._xla" for i in tensors]
+                + ["except AttributeError:", "    return generic(CALL)"])
+    body.append(f"_ops = [{', '.join(f'(_s{i}.node, _s{i}.idx)' for i in tensors)}]")
+    body += lines
+    body.append(f"_entry = cache.get(({', '.join(key)},))")
+    body += ["if _entry is None or _entry.fallback or EAGER[0]:", "    return generic(CALL)"]
+    body.append(f"_argv = [{', '.join(argv)}]")
+    for i, v in scalars:
+        body += [f"if _p{i}:", f"    _argv[{i}] = REFS[len(_ops)]; _ops.append((ScalarParam({v}, _entry.common), 0))"]
+    body += ["_node = Node(NAME, tuple(_ops), tuple(_argv), _entry.avals, LOW, _entry.common if PROMOTE else None, _entry.base)",
+             "if _entry.structure != 'one':", "    return outputs(_node, _entry)",
+             "_shape, _dtype = _entry.avals[0]", "return make_tensor(_node, 0, _shape, _dtype)"]
+    src = f"def fast({', '.join(params)}):\n" + "\n".join("    " + l.replace("CALL", ", ".join(call))
+                                                          for l in body) + "\n"
+    exec(compile(src, f"<kernel {k.name}>", "exec"), ns)
+    fast = ns["fast"]
+    fast.source = src
+    return fast
+
+

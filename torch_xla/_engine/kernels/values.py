@@ -1,0 +1,62 @@
+"""Values on the device: transfers from and to the CPU, constants, resizing inner tensors."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .. import executor, ir, metrics, runtime
+from ..lowering import LOWERINGS
+from ..tensor import make_tensor, replace_state, state_of
+
+
+def to_cpu(t: torch.Tensor) -> torch.Tensor:
+    """Materialises an XLA tensor on the CPU (a host read)."""
+    s = state_of(t)
+    with metrics.timed("TransferFromDeviceTime"):
+        arr = executor.materialize(s)
+        host = runtime.fetch(arr)
+    return runtime.from_numpy(host, s.dtype)
+
+
+def from_cpu(t: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """A new inner XLA tensor holding a copy of CPU tensor `t`."""
+    if dtype is not None and dtype != t.dtype:
+        t = t.to(dtype)
+    if not runtime.is_supported_dtype(t.dtype):
+        raise TypeError(f"dtype {t.dtype} is not supported on the xla device")
+    with metrics.timed("TransferToDeviceTime"):
+        host = runtime.to_numpy(t)
+        dd = runtime.device_dtype(t.dtype)
+        if host.dtype != dd:
+            host = host.astype(dd)
+        arr = runtime.put(host)
+    aval = (tuple(t.shape), t.dtype)
+    return make_tensor(ir.DeviceData(arr, aval), 0, aval[0], aval[1])
+
+
+def set_data(t: torch.Tensor, cpu: torch.Tensor) -> None:
+    """Replaces the value of inner XLA tensor `t` with CPU data (fallback write-back)."""
+    if tuple(t.shape) != tuple(cpu.shape):
+        resize_(t, cpu.shape)
+    replace_state(t, from_cpu(cpu.to(t.dtype))._xla)
+
+
+def const_tensor(shape, dtype, value):
+    """A tensor of `shape` filled with a constant (no device memory until used)."""
+    shape = tuple(int(s) for s in shape)
+    node = ir.Constant(value, ((), dtype))
+    full = ir.Node("xla::broadcast", ((node, 0),), (ir.ref(0), shape), ((shape, dtype),),
+                   LOWERINGS["xla::broadcast"], None)
+    return make_tensor(full, 0, shape, dtype)
+
+
+def resize_(self, size, memory_format=None):
+    """Resizing an inner tensor: new sizes, contents undefined (zeros), as for `out=` tensors."""
+    size = tuple(int(v) for v in size)
+    if tuple(self.shape) == size:
+        return self
+    new = const_tensor(size, self.dtype, 0)
+    self.data = new  # takes the new sizes; the Python object (and its attributes) stays
+    self._xla = new._xla
+    return self

@@ -1,0 +1,229 @@
+"""Everything importing torch_xla changes in PyTorch or in the process, in one registry.
+
+Each entry says what it changes, why, when it is applied, how to turn it off, and checks
+the signature of what it patches before patching (a PyTorch whose function looks
+different is left alone, with a warning). `docs/ARCHITECTURE.md`'s section "What
+importing torch_xla changes in your process" is generated from `REGISTRY`
+(`python -m torch_xla._engine.patches`); a test keeps the two equal.
+
+Entries whose work is a `torch.library` registration (kernels for the xla key, the
+Functionalize kernel of `copy_`, the in-place meta checks) are installed by
+`kernels.register()`, which asks `enabled()` here; the others are installed below.
+"""
+from __future__ import annotations
+
+import inspect
+import sys
+import threading
+import types
+import warnings
+from dataclasses import dataclass
+from typing import Callable, List, Optional
+
+import torch
+
+from . import config
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    target: str        # what is changed
+    when: str          # "import" | "jax start" | "jax start on CPU" | "import of ..."
+    opt_out: Optional[str]  # the environment variable that turns it off (None: xla device only)
+    why: str
+
+
+REGISTRY: List[Patch] = [
+    Patch("xla_device", "PyTorch's PrivateUse1 backend: renamed `xla`, with a device module "
+          "(`torch.xla`), hooks and a device guard", "import", None,
+          "the `xla` device itself; affects xla tensors only"),
+    Patch("xla_kernels", "`torch.library` kernels for the PrivateUse1 / AutogradPrivateUse1 / "
+          "QuantizedPrivateUse1 keys and a PrivateUse1 fallback", "import", None,
+          "the xla device's ops; affects xla tensors only"),
+    Patch("functionalize_copy", "the Functionalize kernel of `aten::copy_`", "import",
+          "PT_XLA_FUNCTIONALIZE_COPY",
+          "`cpu.copy_(xla)` (`load_state_dict` into a CPU model, DDP's C++ parameter checks) "
+          "reaches functionalization with a plain destination and a functional source, which "
+          "PyTorch refuses for every device but DeviceType::XLA; the kernel reads the source "
+          "first and otherwise does what PyTorch's does"),
+    Patch("lean_inplace_meta", "the Meta kernels of ~15 in-place elementwise ops (`add_`, "
+          "`mul_`, `addcmul_`, `lerp_`...)", "import", "PT_XLA_LEAN_INPLACE_META",
+          "functionalization checks every in-place op by running PyTorch's Python meta kernel "
+          "(tens of microseconds); inside that check only, a check that passed for the same "
+          "shapes, dtypes and scalar types is not run again. Outside functionalization (a "
+          "plain meta tensor) PyTorch's kernel runs unchanged"),
+    Patch("module_apply", "`torch.nn.Module._apply`", "import", "PT_XLA_PATCH_MODULE_APPLY",
+          "`module.to(xla)` gives each module its own new Parameter (CPU and xla tensors "
+          "cannot swap data in place): parameters that two modules shared (an embedding tied "
+          "to an LM head) are shared again afterwards"),
+    Patch("xla_flags", "the `XLA_FLAGS` and `JAX_PLATFORMS` environment variables",
+          "jax start", "XLA_FLAGS naming the flag yourself",
+          "`JAX_PLATFORMS` from `PJRT_DEVICE`; on CPU, XLA's memory-minimising scheduler "
+          "(`--xla_cpu_enable_concurrency_optimized_scheduler=false`) and "
+          "`CPU_NUM_DEVICES` virtual devices"),
+    Patch("retain_host_memory", "glibc's allocator (`mallopt`: one arena, no mmap, no trim)",
+          "jax start on CPU", "PT_XLA_RETAIN_HOST_MEMORY",
+          "XLA:CPU's large buffers would be mmapped and page-faulted in again at every step "
+          "(`platform/host_memory.py`)"),
+    Patch("lazy_dynamo_disable", "PyTorch's `torch._disable_dynamo` wrappers (found with "
+          "`gc.get_objects()`)", "jax start", "PT_XLA_LAZY_DYNAMO_DISABLE",
+          "PyTorch's Python meta kernels import `torch._dynamo` (1-2 s) on their first call "
+          "only to mark themselves untraceable; until something imports it they run plainly"),
+    Patch("tune_gc", "Python's garbage collector (`gc.freeze()`, youngest threshold 10,000)",
+          "jax start", "PT_XLA_TUNE_GC",
+          "traced ops keep Python objects alive until the barrier: the collector's passes "
+          "rescanned them and the imports' ~370k objects (63% of tracing time at 20k pending "
+          "ops, `bench/bench_gc.py`)"),
+    Patch("xla_process_group", "`torch.distributed`: backend `xla` and the `xla://` rendezvous",
+          "import of torch_xla.distributed.xla_backend", None,
+          "the documented `init_process_group('xla', init_method='xla://')`"),
+]
+_BY_NAME = {p.name: p for p in REGISTRY}
+
+
+def enabled(name: str) -> bool:
+    """Whether the entry is on (its opt-out variable is not set to 0)."""
+    p = _BY_NAME[name]
+    if p.opt_out is None or p.opt_out not in config.VARS:
+        return True
+    return bool(config.get(p.opt_out))
+
+
+def signature_matches(fn: Callable, params: List[str], name: str) -> bool:
+    """Whether `fn` takes `params`; warns (and the caller leaves it alone) otherwise."""
+    try:
+        got = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        got = None
+    if got != params:
+        warnings.warn(f"torch_xla: not patching {name}: its signature is {got}, expected {params}")
+        return False
+    return True
+
+
+# ---- module_apply ---------------------------------------------------------------------------
+
+_orig_apply = torch.nn.Module._apply
+_tls = threading.local()
+
+
+def _apply(self, fn, recurse=True):
+    if getattr(_tls, "active", False) or not recurse:
+        return _orig_apply(self, fn, recurse)
+    holders = {}
+    for mod in self.modules():
+        for name, p in mod._parameters.items():
+            if p is not None:
+                holders.setdefault(id(p), []).append((mod, name))
+    _tls.active = True
+    try:
+        out = _orig_apply(self, fn, recurse)
+    finally:
+        _tls.active = False
+    for refs in holders.values():
+        if len(refs) < 2:
+            continue
+        mod0, name0 = refs[0]
+        first = mod0._parameters[name0]
+        if first is None or first.device.type != "xla":
+            continue
+        for mod, name in refs[1:]:
+            if mod._parameters[name] is not first:
+                mod._parameters[name] = first
+    return out
+
+
+def install_import_time() -> None:
+    """The entries applied by `import torch_xla` that are not kernel registrations."""
+    if (enabled("module_apply") and torch.nn.Module._apply is _orig_apply
+            and signature_matches(_orig_apply, ["self", "fn", "recurse"], "torch.nn.Module._apply")):
+        torch.nn.Module._apply = _apply
+
+
+def after_jax_start() -> None:
+    """The entries applied once jax has started (they must see its loaded modules)."""
+    if enabled("lazy_dynamo_disable"):
+        lazy_dynamo_disable()   # before gc.freeze(), which hides what it looks for
+    if enabled("tune_gc"):
+        tune_gc()
+
+
+# ---- tune_gc ----------------------------------------------------------------------------------
+
+def tune_gc() -> None:
+    """The import-time objects move to the permanent generation (`gc.freeze()`;
+    refcounting still frees them) and the youngest generation collects every 10,000 net
+    allocations instead of 700; a threshold the program already changed is kept."""
+    import gc
+    gc.freeze()
+    t0, t1, t2 = gc.get_threshold()
+    if t0 == 700:
+        gc.set_threshold(10000, t1, t2)
+
+
+# ---- lazy_dynamo_disable ----------------------------------------------------------------------
+# Many of PyTorch's meta kernels are Python references wrapped by `torch._disable_dynamo`,
+# whose wrapper imports torch._dynamo on the first call (1-2 s here) to build a
+# "don't trace this" version of the function, cached as `fn.__dynamo_disable`. While
+# torch._dynamo is not imported nothing can be tracing, so calling `fn` directly is the
+# same. Each wrapped function gets a stand-in that does that, and hands over to the real
+# wrapper once torch._dynamo has been imported (by the user, torch.compile or torch.optim).
+
+class _UntilDynamo:
+    __slots__ = ("fn", "recursive")
+
+    def __init__(self, fn, recursive):
+        self.fn, self.recursive = fn, recursive
+
+    def __call__(self, *args, **kwargs):
+        dyn = sys.modules.get("torch._dynamo")
+        if dyn is None or not hasattr(dyn, "disable"):
+            return self.fn(*args, **kwargs)
+        real = dyn.disable(self.fn, self.recursive, wrapping=False)
+        setattr(self.fn, "__dynamo_disable", real)  # (a plain assignment here would be name-mangled)
+        return real(*args, **kwargs)
+
+
+_dynamo_patched = [False]
+
+
+def lazy_dynamo_disable() -> None:
+    """Gives every `torch._disable_dynamo` wrapper the stand-in above (once; nothing to do
+    when torch._dynamo is already imported). It finds them among the collector's objects
+    (~70 ms), before `gc.freeze()` would hide them."""
+    if _dynamo_patched[0] or not enabled("lazy_dynamo_disable"):
+        return
+    _dynamo_patched[0] = True
+    if "torch._dynamo" in sys.modules:
+        return
+    try:
+        code = torch._compile._disable_dynamo(lambda: None).__code__
+        i_fn, i_rec = code.co_freevars.index("fn"), code.co_freevars.index("recursive")
+    except (AttributeError, ValueError):  # another torch: leave it alone
+        warnings.warn("torch_xla: not patching torch._disable_dynamo: its wrapper looks different")
+        return
+    import gc
+    for f in gc.get_objects():
+        if type(f) is types.FunctionType and f.__code__ is code:
+            fn = f.__closure__[i_fn].cell_contents
+            if getattr(fn, "__dynamo_disable", None) is None:
+                try:
+                    fn.__dynamo_disable = _UntilDynamo(fn, f.__closure__[i_rec].cell_contents)
+                except (AttributeError, TypeError):
+                    pass
+
+
+# ---- the documentation ------------------------------------------------------------------------
+
+def markdown() -> str:
+    """The ARCHITECTURE.md section generated from REGISTRY."""
+    lines = ["| what | changed | when | turn it off | why |", "| --- | --- | --- | --- | --- |"]
+    for p in REGISTRY:
+        off = f"`{p.opt_out}=0`" if p.opt_out in config.VARS else (p.opt_out or "xla device only")
+        lines.append(f"| `{p.name}` | {p.target} | {p.when} | {off} | {p.why} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown())

@@ -1,0 +1,89 @@
+"""The CPU policy: compiler options per program, and host-memory pacing (`host_memory`)."""
+from __future__ import annotations
+
+from typing import Iterable, Optional, Tuple
+
+import numpy as np
+
+from .. import config
+from . import Policy, host_memory
+
+_BIG_BMM_BYTES = 16 << 20
+_YNN_OPTION = "xla_cpu_experimental_ynn_fusion_type"
+# Only compilations this long leave enough garbage to be worth a trim (a trim walks the
+# whole heap; the test suite compiles thousands of small programs).
+_RELEASE_AFTER_S = 0.5
+_HOST_CPU_FLAGS: Optional[frozenset] = None
+
+
+def host_cpu_flags() -> frozenset:
+    """The host CPU's feature flags as Linux reports them (empty where it does not)."""
+    global _HOST_CPU_FLAGS
+    if _HOST_CPU_FLAGS is None:
+        flags = frozenset()
+        try:
+            with open("/proc/cpuinfo") as f:
+                for line in f:
+                    if line.startswith("flags"):
+                        flags = frozenset(line.split(":", 1)[1].split())
+                        break
+        except OSError:
+            pass
+        _HOST_CPU_FLAGS = flags
+    return _HOST_CPU_FLAGS
+
+
+def prepare_process() -> None:
+    """Before jax starts its CPU client: keep freed host memory resident (host_memory)."""
+    host_memory.configure()
+
+
+def compiler_options(ops: Iterable[Tuple[str, tuple]]) -> dict:
+    """XLA options for this program beyond the process-wide XLA_FLAGS.
+
+    On a CPU without AVX-512, XLA's YNNPACK fusions make attention-shaped programs slower
+    (batched matrix products with large outputs: the decoder benchmark's step 7%, its
+    forward 21%, `bench/bench_xla_options.py`) while they speed up convolution networks
+    (ResNet-18 step 33%); there, programs with such a product compile without them. With
+    AVX-512 they make the decoder faster too (step 1147 -> 1014 ms, forward 392 -> 338)
+    and every program keeps them. XLA_FLAGS naming the option decides alone."""
+    if _YNN_OPTION in (config.get("XLA_FLAGS") or ""):
+        return {}
+    if "avx512f" in host_cpu_flags():
+        return {}
+    for op, aval in ops:
+        if op == "aten::bmm" or op == "aten::baddbmm":
+            shape, dtype = aval
+            if int(np.prod(shape)) * dtype.itemsize >= _BIG_BMM_BYTES:
+                return {_YNN_OPTION: ""}
+    return {}
+
+
+class CpuPolicy(Policy):
+    name = "CPU"
+    # XLA:CPU's convolution is 1.5-70x slower than a product of patches where Eigen cannot
+    # take it (lowering/conv_cpu.py).
+    patch_convolutions = True
+
+    def compiler_options(self, ops):
+        return compiler_options(ops)
+
+    def before_compile(self) -> None:
+        host_memory.settle(release=True)
+
+    def after_compile(self, seconds: float) -> None:
+        if seconds >= _RELEASE_AFTER_S:
+            host_memory.release()
+
+    def paced_bytes(self, compiled) -> int:
+        if not host_memory.active():
+            return 0
+        temp = host_memory.temp_bytes(compiled)
+        return temp if temp >= host_memory.LARGE_TEMP_BYTES else 0
+
+    def before_dispatch(self, paced: int):
+        return host_memory.before_dispatch() if paced else None
+
+    def after_dispatch(self, paced: int, token, outs) -> None:
+        if paced:
+            host_memory.after_dispatch(paced, token, outs)
