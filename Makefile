@@ -4,7 +4,7 @@ VENV ?= .venv
 VPY = $(VENV)/bin/python
 STAMP = $(VENV)/.installed
 
-.PHONY: setup demo test test-slow bench coverage coverage-full clean
+.PHONY: setup demo lint test test-slow bench coverage coverage-full clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,8 +19,13 @@ setup: $(STAMP)
 demo: $(STAMP)
 	PJRT_DEVICE=CPU $(VPY) examples/train_mnist_xla.py --fake_data --num_epochs 1 --num_steps 60
 
-## The test suite (fast; slow sweeps are marked and run by `make test-slow`).
-test: $(STAMP)
+## Lint: pyflakes errors (unused imports, undefined names) and the import layering contracts.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check torch_xla tests bench tools examples
+	$(VENV)/bin/lint-imports
+
+## The test suite (lint first; fast; slow sweeps are marked and run by `make test-slow`).
+test: lint
 	PJRT_DEVICE=CPU $(VPY) -m pytest -q tests
 
 test-slow: $(STAMP)

@@ -1,11 +1,9 @@
-import copy
 
 import pytest
 import torch
 
-import torch_xla
+import torch_xla  # noqa: F401  (registers the xla device)
 import torch_xla.core.xla_model as xm
-import torch_xla.debug.metrics as met
 
 from helpers import assert_same, check_op
 

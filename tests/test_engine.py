@@ -1,6 +1,5 @@
 """The lazy engine: graph cache, parameters, donation, IR/HLO dumps, RNG, metrics, saving."""
 import os
-import pickle
 import subprocess
 import sys
 
@@ -108,7 +107,6 @@ def test_overwritten_parameter_buffer_is_donated_and_values_stay_right():
     assert_same(wd, w - 0.1 * g)
     # A buffer still read by a live tensor is not donated.
     keep = gd.view(-1)
-    old_g = state_of(gd).node.array
     with torch.no_grad():
         gd.mul_(3)
     xm.mark_step()

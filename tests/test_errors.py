@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import torch_xla
+import torch_xla  # noqa: F401  (registers the xla device)
 import torch_xla.core.xla_model as xm
 
 

@@ -25,7 +25,6 @@ The compile-count tests check that, after the first 2 steps of each loop form, m
 from __future__ import annotations
 
 import copy
-import time
 
 import pytest
 import torch

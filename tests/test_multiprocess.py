@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from torch_xla._engine import launcher
+from torch_xla._engine import job, launcher
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -278,7 +278,7 @@ def test_wrong_world_size_and_rank(monkeypatch):
     monkeypatch.setenv("TORCH_XLA_JAX_WORLD_SIZE", "2")
     monkeypatch.setenv("TORCH_XLA_JAX_PROCESS_ID", "5")
     with pytest.raises(ValueError, match="rank 5 is out of range for world size 2"):
-        launcher.check_environment()
+        job.check_environment()
 
 
 def test_xla_init_without_launcher(monkeypatch):

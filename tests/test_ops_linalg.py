@@ -3,10 +3,9 @@
 import pytest
 import torch
 
-import torch_xla
-import torch_xla.debug.metrics as met
+import torch_xla  # noqa: F401  (registers the xla device)
 
-from helpers import XLA, assert_same, check_flat, no_fallback
+from helpers import XLA, check_flat, no_fallback
 
 # Ops of other families that autograd formulas of linalg ops reach (qr's backward zeroes
 # a buffer in place): their fallback is not a failure of these lowerings.

@@ -3,8 +3,7 @@ import math
 
 import torch
 
-import torch_xla
-import torch_xla.debug.metrics as met
+import torch_xla  # noqa: F401  (registers the xla device)
 
 from helpers import XLA, assert_same, check_flat, no_fallback
 

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import copy
 
-import pytest
 import torch
 import torch.nn as nn
 
-import torch_xla
+import torch_xla  # noqa: F401  (registers the xla device)
 import torch_xla.core.xla_model as xm
 
 CPU = torch.device("cpu")

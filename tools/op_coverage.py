@@ -51,7 +51,6 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 
@@ -605,7 +604,7 @@ def _run_error_inputs(op, n_max):
             x_args = tuple(_dev_fix(a, "arg") for a in to_device(tuple(s.args), False))
             x_kwargs = move_kwargs(s.kwargs, lambda v: to_device(v, False))
             torch_xla.sync()
-        except Exception as e:
+        except Exception:
             _sync_quiet()
             continue  # cannot build the device inputs (e.g. unsupported dtype): not applicable
         n += 1

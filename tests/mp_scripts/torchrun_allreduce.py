@@ -1,6 +1,4 @@
 """Run under torchrun: xmp.spawn starts no process; `xla://` finds rank and world size."""
-import os
-import sys
 
 import torch
 import torch.distributed as dist

@@ -9,7 +9,7 @@ from .. import metrics, runtime
 from ..tensor import is_functional, make_tensor, point_at, replace_state, state_of, unwrap, wrap_user
 from .fallback import check_devices
 from .op_kernel import copy, to_copy
-from .values import const_tensor, from_cpu, to_cpu
+from .values import check_device, const_tensor, from_cpu, to_cpu
 
 
 def _check_dtype(dtype):
@@ -18,6 +18,7 @@ def _check_dtype(dtype):
 
 
 def k_empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    check_device(device)
     dtype = dtype or torch.get_default_dtype()
     _check_dtype(dtype)
     return wrap_user(const_tensor(size, dtype, 0))
@@ -29,10 +30,12 @@ def k_empty_quantized(size, qtensor, dtype=None, layout=None, device=None, pin_m
 
 
 def k_empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    check_device(device)
     return k_empty(size, dtype)
 
 
 def k_to_copy(x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    check_device(device)
     src_xla = x.device.type == "xla"
     dst_xla = (device.type == "xla") if device is not None else src_xla
     if not src_xla and dst_xla:

@@ -91,6 +91,8 @@ class OpKernel:
                 return wrap_user(out)
             return out
         n = len(args)
+        if self.is_factory and "device" in kwargs:
+            values.check_device(kwargs["device"])
         if n < self.nargs or kwargs:
             args = list(args) + self.defaults[n:]
             for k, v in kwargs.items():

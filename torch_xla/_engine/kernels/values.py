@@ -60,3 +60,15 @@ def resize_(self, size, memory_format=None):
     self.data = new  # takes the new sizes; the Python object (and its attributes) stays
     self._xla = new._xla
     return self
+
+
+def check_device(device) -> None:
+    """Refuses an xla device other than xla:0: this process computes on one device."""
+    if device is None:
+        return
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device) and device.type == "xla" and (device.index or 0) != 0:
+        raise RuntimeError(
+            f"{device}: each process of torch-xla-jax computes on one device, xla:0; use one "
+            f"process per device (torch_xla.launch / xmp.spawn) to use several")

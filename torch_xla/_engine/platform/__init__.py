@@ -8,37 +8,13 @@ below, so a design here stays valid for GPU and TPU through PJRT plugins.
 """
 from __future__ import annotations
 
-from typing import Iterable, Tuple
-
-
-class Policy:
-    """The defaults: no options, nothing around compiles and dispatches."""
-    name = "default"
-    patch_convolutions = False
-
-    def compiler_options(self, ops: Iterable[Tuple[str, tuple]]) -> dict:
-        """XLA options for one program; `ops` yields (op name, first output aval)."""
-        return {}
-
-    def before_compile(self) -> None:
-        pass
-
-    def after_compile(self, seconds: float) -> None:
-        pass
-
-    def paced_bytes(self, compiled) -> int:
-        """How much of a program's memory its dispatches must wait for (0: none)."""
-        return 0
-
-    def before_dispatch(self, paced: int):
-        return None
-
-    def after_dispatch(self, paced: int, token, outs) -> None:
-        pass
+from .base import Policy
+from .cpu import CpuPolicy
 
 
 _DEFAULT = Policy()
 _policies = {}
+__all__ = ["Policy", "CpuPolicy", "policy"]
 
 
 def policy(platform_name: str) -> Policy:
@@ -46,7 +22,6 @@ def policy(platform_name: str) -> Policy:
     p = _policies.get(platform_name)
     if p is None:
         if platform_name == "CPU":
-            from .cpu import CpuPolicy
             p = CpuPolicy()
         else:
             p = _DEFAULT

@@ -6,7 +6,8 @@ from typing import Iterable, Optional, Tuple
 import numpy as np
 
 from .. import config
-from . import Policy, host_memory
+from . import host_memory
+from .base import Policy
 
 _BIG_BMM_BYTES = 16 << 20
 _YNN_OPTION = "xla_cpu_experimental_ynn_fusion_type"

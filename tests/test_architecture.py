@@ -1,0 +1,229 @@
+"""The package's structure and its promises: layering, the patch registry, the env-var
+registry, the kernels' fast path, and the calls that must hold or fail loudly."""
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torch_xla
+import torch_xla.core.xla_model as xm
+from torch_xla._engine import config, patches
+from torch_xla._engine.kernels import KERNELS
+from torch_xla._engine.tensor import unwrap
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+PKG = REPO / "torch_xla"
+
+
+def _modules():
+    return sorted(p for p in PKG.rglob("*.py"))
+
+
+def test_no_import_cycle_among_torch_xla_modules():
+    import grimp
+    graph = grimp.build_graph("torch_xla")
+    mods = sorted(graph.modules)
+    edges = {m: set(graph.find_modules_directly_imported_by(m)) for m in mods}
+    # Tarjan's strongly connected components: any component of two or more is a cycle.
+    index, low, on, stack, sccs, counter = {}, {}, set(), [], [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            sccs.append(comp)
+
+    sys.setrecursionlimit(10000)
+    for m in mods:
+        if m not in index:
+            visit(m)
+    cycles = [sorted(c) for c in sccs if len(c) > 1]
+    # A package and its own submodules (`pkg/__init__` importing `pkg.sub`) are not cycles
+    # unless a submodule imports the package back; grimp reports those too, so none is allowed.
+    assert cycles == [], cycles
+
+
+def test_torch_library_only_under_kernels_and_environ_only_in_config():
+    for p in _modules():
+        text = p.read_text()
+        rel = p.relative_to(REPO).as_posix()
+        code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith(("#", "`", '"')))
+        if re.search(r"\btorch\.library\.", code):
+            assert rel.startswith("torch_xla/_engine/kernels/"), rel
+        if "os.environ" in code or "os.getenv" in code:
+            assert rel == "torch_xla/_engine/config.py", rel
+
+
+def test_no_module_over_800_lines():
+    long = {p.relative_to(REPO).as_posix(): n for p in _modules()
+            if (n := len(p.read_text().splitlines())) > 800}
+    assert long == {}
+
+
+def test_architecture_doc_lists_every_patch_and_readme_every_variable():
+    arch = (REPO / "docs" / "ARCHITECTURE.md").read_text()
+    assert patches.markdown() in arch, "regenerate with: python -m torch_xla._engine.patches"
+    readme = (REPO / "README.md").read_text()
+    assert config.table() in readme, "regenerate with: python -c 'from torch_xla._engine import config; print(config.table())'"
+
+
+_META_ERRORS = r"""
+import sys, torch
+if sys.argv[1] == "1":
+    import torch_xla
+cases = [
+    lambda: torch.empty(2, 3, device="meta").add_(torch.empty(4, 3, device="meta")),
+    lambda: torch.empty(3, dtype=torch.long, device="meta").mul_(1.5),
+    lambda: torch.empty(3, dtype=torch.long, device="meta").div_(torch.empty(3, device="meta")),
+    lambda: torch.empty(2, device="meta").addcmul_(torch.empty(3, device="meta"), torch.empty(3, device="meta")),
+    lambda: torch.empty(2, device="meta").lerp_(torch.empty(2, 2, device="meta"), 0.5),
+    lambda: torch.empty(2, 2, device="meta").add_(torch.empty(2, device="meta")).shape,
+]
+for c in cases:
+    try:
+        print("OK", c())
+    except Exception as e:
+        print(type(e).__name__, e)
+"""
+
+
+def test_cpu_meta_tensors_behave_as_without_torch_xla():
+    env = dict(os.environ, PJRT_DEVICE="CPU")
+    runs = [subprocess.run([sys.executable, "-c", _META_ERRORS, flag], capture_output=True, text=True,
+                           timeout=300, env=env) for flag in ("0", "1")]
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-2000:]
+    assert runs[0].stdout == runs[1].stdout
+    assert runs[0].stdout.count("RuntimeError") >= 4
+
+
+def test_xla_inplace_shape_errors_are_pytorchs():
+    for a, b in [(torch.ones(2, 3), torch.ones(4, 3)), (torch.ones(3, dtype=torch.long), torch.ones(3))]:
+        with pytest.raises(RuntimeError) as cpu:
+            a.clone().add_(b)
+        with pytest.raises(RuntimeError) as dev:
+            a.to(xm.xla_device()).add_(b.to(xm.xla_device()))
+        assert str(dev.value) == str(cpu.value)
+
+
+# ---- the specialised kernels: same node as the generic kernel, and taken ---------------------
+
+def _calls():
+    d = xm.xla_device()
+    a, b = torch.randn(3, 4, device=d), torch.randn(3, 4, device=d)
+    c = torch.randn(4, device=d)
+    return [
+        # (overload, dispatcher call, direct call on inner tensors)
+        ("add.Tensor", lambda: torch.add(a, b, alpha=2.5), lambda ia, ib, ic: (ia, ib, 2.5)),
+        ("mul.Tensor", lambda: a * 0.25, lambda ia, ib, ic: (ia, 0.25)),           # wrapped number
+        ("mul.Tensor", lambda: a * b, lambda ia, ib, ic: (ia, ib)),
+        ("sum.dim_IntList", lambda: a.sum(1, keepdim=True), lambda ia, ib, ic: (ia, [1], True)),
+        ("addcmul.default", lambda: torch.addcmul(a, b, c, value=0.3), lambda ia, ib, ic: (ia, ib, ic, 0.3)),
+        ("clamp.Tensor", lambda: torch.clamp(a, min=b), lambda ia, ib, ic: (ia, ib, None)),
+        ("div.Tensor_mode", lambda: torch.div(a, b, rounding_mode="floor"), None),
+        ("pow.Tensor_Scalar", lambda: a.abs() ** 1.7, None),
+        ("where.self", lambda: torch.where(a > 0, a, b), None),
+    ]
+
+
+def test_specialised_kernel_is_taken_and_builds_the_generic_node():
+    d = xm.xla_device()
+    a, b, c = torch.randn(3, 4, device=d), torch.randn(3, 4, device=d), torch.randn(4, device=d)
+    ia, ib, ic = unwrap(a), unwrap(b), unwrap(c)
+    for name, call, direct in _calls():
+        k = KERNELS[name]
+        call()  # first call: the generic kernel fills the shape entry and generates the fast kernel
+        assert k.fast is not None, name
+        generic_calls = []
+        real_generic = k.fast.__globals__["generic"]
+
+        def spy(*args, **kwargs):
+            generic_calls.append(name)
+            return real_generic(*args, **kwargs)
+
+        k.fast.__globals__["generic"] = spy
+        try:
+            call()
+        finally:
+            k.fast.__globals__["generic"] = real_generic
+        assert generic_calls == [], f"{name}: the second call left the fast path"
+        if direct is not None:
+            args = direct(ia, ib, ic)
+            fast, generic = k.fast(*args), k(*args)
+            fn, gn = fast._xla.node, generic._xla.node
+            assert fn.hash == gn.hash and fn.args == gn.args and fn.avals == gn.avals, name
+            assert [id(o) for o, _ in fn.operands[:3]] == [id(o) for o, _ in gn.operands[:3]], name
+    xm.mark_step()
+
+
+def test_lowering_apply_rejects_a_wrong_shape():
+    import numpy as np
+    from torch_xla._engine.lowering import Lowering, LoweringError, apply
+    low = Lowering("test::bad", lambda x: x.sum(), False, (), None, False)
+    with pytest.raises(LoweringError, match="produced shape"):
+        apply(low, (np.ones((2, 3), np.float32),), [((2, 3), np.dtype(np.float32))])
+
+
+# ---- promises: hold or fail loudly -------------------------------------------------------------
+
+def test_xlac_is_an_attribute_after_import_torch_xla():
+    code = ("import torch, torch_xla\n"
+            "t = torch.ones(2, device=torch_xla.device()) * 3\n"
+            "print(torch_xla._XLAC._get_xla_tensors_text([t]).splitlines()[0])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PJRT_DEVICE="CPU"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "IR {"
+
+
+def test_second_device_in_one_process_fails_loudly():
+    code = ("import torch, torch_xla\n"
+            "assert len(torch_xla.devices()) == 2\n"
+            "for f in (lambda: torch.ones(2, device=torch_xla.device(1)), lambda: torch.ones(2).to('xla:1')):\n"
+            "    try:\n"
+            "        f(); print('silent')\n"
+            "    except RuntimeError as e:\n"
+            "        print('raised', 'xla:0' in str(e))\n"
+            "print(torch.ones(2, device=torch_xla.device(0)).cpu().tolist())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PJRT_DEVICE="CPU", CPU_NUM_DEVICES="2"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:3] == ["raised True", "raised True", "[1.0, 1.0]"]
+    with pytest.raises(ValueError, match="out of range"):
+        torch_xla.device(7)
+
+
+def test_compile_counts_different_graphs():
+    f = torch_xla.compile(lambda x: (x * 2 + 1).sum(), num_different_graphs_allowed=1)
+    d = xm.xla_device()
+    assert f(torch.ones(3, device=d)).item() == 9.0
+    assert f(torch.full((3,), 2.0, device=d)).item() == 15.0   # same graph, new data
+    with pytest.raises(RuntimeError, match="num_different_graphs_allowed=1"):
+        f(torch.ones(5, device=d))
+    xm.mark_step()
+
+
+def test_use_spmd_fails_loudly():
+    import torch_xla.runtime as xr
+    with pytest.raises(RuntimeError, match="SPMD"):
+        xr.use_spmd()
+    assert xr.is_spmd() is False

@@ -1,0 +1,30 @@
+"""The default platform policy (what GPU and TPU get)."""
+from __future__ import annotations
+
+from typing import Iterable, Tuple
+
+
+class Policy:
+    """The defaults: no options, nothing around compiles and dispatches."""
+    name = "default"
+    patch_convolutions = False
+
+    def compiler_options(self, ops: Iterable[Tuple[str, tuple]]) -> dict:
+        """XLA options for one program; `ops` yields (op name, first output aval)."""
+        return {}
+
+    def before_compile(self) -> None:
+        pass
+
+    def after_compile(self, seconds: float) -> None:
+        pass
+
+    def paced_bytes(self, compiled) -> int:
+        """How much of a program's memory its dispatches must wait for (0: none)."""
+        return 0
+
+    def before_dispatch(self, paced: int):
+        return None
+
+    def after_dispatch(self, paced: int, token, outs) -> None:
+        pass
