@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import ctx, lowering
+from .table import ctx, lowering
 
 
 def _members(groups, world):

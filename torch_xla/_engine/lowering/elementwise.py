@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import lowering, out_dtype
+from .table import lowering, out_dtype
 
 
 def _is_one(v):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from . import lowering, out_dtype, out_shape
+from .table import lowering, out_dtype, out_shape
 
 
 @lowering("xla::broadcast")

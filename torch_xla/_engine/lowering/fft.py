@@ -20,7 +20,7 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
-from . import lowering, out_dtype, out_shape
+from .table import lowering, out_dtype, out_shape
 
 _FFT, _IFFT, _RFFT, _IRFFT = lax.FftType.FFT, lax.FftType.IFFT, lax.FftType.RFFT, lax.FftType.IRFFT
 _MAX_RANK = 3  # lax.fft transforms at most three axes at once

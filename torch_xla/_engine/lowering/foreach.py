@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import lowering, out_dtype
+from .table import lowering, out_dtype
 
 _HALF = (jnp.bfloat16, jnp.float16)
 

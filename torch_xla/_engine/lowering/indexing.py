@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import lowering, out_shape
+from .table import lowering, out_shape
 
 
 def _dim(d, n):

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import lowering, out_dtype, out_shape
+from .table import lowering, out_dtype, out_shape
 
 _HI = lax.Precision.HIGHEST
 _HALF = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))

@@ -16,7 +16,8 @@ import numpy as np
 import torch
 from jax import lax
 
-from . import conv_cpu, ctx, lowering, out_dtype, out_shape
+from . import conv_cpu
+from .table import ctx, lowering, out_dtype, out_shape
 from .reductions import log_softmax_of
 
 _HI = lax.Precision.HIGHEST

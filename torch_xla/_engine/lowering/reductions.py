@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from . import lowering, out_dtype, out_shape
+from .table import lowering, out_dtype, out_shape
 
 _HALF = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
 

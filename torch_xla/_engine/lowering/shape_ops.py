@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import lowering, out_dtype, out_shape
+from .table import lowering, out_dtype, out_shape
 
 
 def _dim(d, n):

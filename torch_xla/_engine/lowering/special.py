@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import jax.scipy.special as jss
 from jax import lax
 
-from . import lowering, out_dtype, out_shape
+from .table import lowering, out_dtype, out_shape
 
 _EULER = 0.57721566490153286061
 _PI = math.pi

@@ -1,0 +1,134 @@
+"""The lowering table itself: `Lowering`, the `lowering` decorator, the lowering context
+and `apply`, the one entry through which a lowering runs (see the package docstring)."""
+from __future__ import annotations
+
+import threading
+from typing import Callable, Dict, Iterable, Optional, Sequence
+
+
+class Lowering:
+    __slots__ = ("name", "fn", "promote", "static", "meta", "random", "alias")
+
+    def __init__(self, name, fn, promote, static, meta, random, alias=False):
+        self.alias = alias
+        self.name = name
+        self.fn = fn
+        self.promote = promote
+        self.static = frozenset(static)
+        self.meta = meta
+        self.random = random
+
+
+LOWERINGS: Dict[str, Lowering] = {}
+
+
+def lowering(*names: str, promote: bool = False, static: Iterable[str] = (), meta: Optional[Callable] = None,
+             random: bool = False, alias: bool = False):
+    """Registers the decorated function as the lowering of the named aten overloads.
+
+    names: "aten::op.overload" (".default" may be omitted).
+    promote: cast array arguments to PyTorch's common dtype before calling (the kernel
+      computes bf16/f16 in f32 and rounds once, as CPU kernels do).
+    static: Scalar arguments that are compile-time constants.
+    meta: optional shape function (args as meta tensors -> meta outputs) for ops whose
+      PyTorch meta kernel is missing.
+    alias: the op returns its first argument's value unchanged (detach, clone, alias...):
+      the kernel shares the value instead of adding a node (jax arrays are immutable).
+    random: the op draws random numbers; the lowering receives a jax PRNG key as an
+      extra last argument (derived from the step's seed parameter and the op's number).
+    """
+    def deco(fn):
+        for n in names:
+            key = _normalize(n)
+            LOWERINGS[key] = Lowering(key, fn, promote, static, meta, random, alias)
+        return fn
+    return deco
+
+
+def _normalize(name: str) -> str:
+    if name.startswith("aten::"):
+        name = name[len("aten::"):]
+    elif "::" in name:
+        return name  # an engine op (xla::...)
+    if "." not in name:
+        name += ".default"
+    return name
+
+
+class _Ctx(threading.local):
+    """What a lowering may know beyond its arguments: its outputs' avals, the program's
+    replica axis, and the platform's choices. Set by `apply` and by the program strategy."""
+    out = None  # tuple of (shape, np dtype) of the node being lowered
+    axis = None  # the replica axis name inside a multi-process program, else None
+    world = 1    # number of replicas on that axis
+    patch_convolutions = False  # lower convolutions as patch products (conv_cpu)
+
+
+ctx = _Ctx()
+
+
+def out_dtype(i: int = 0):
+    """The device dtype of output `i` of the node being lowered."""
+    return ctx.out[i][1]
+
+
+def out_shape(i: int = 0):
+    return ctx.out[i][0]
+
+
+def rng_key(seed, counter: int):
+    """The PRNG key of one random op: the step's seed folded with the op's number
+    (SplitMix64, `prng.py`)."""
+    import jax
+    from . import prng
+    return jax.random.fold_in(jax.random.key(seed.astype("uint32") if hasattr(seed, "astype") else seed,
+                                             impl=prng.impl()), counter)
+
+
+class LoweringError(RuntimeError):
+    """A lowering failed or returned a value that is not what its op promises."""
+
+
+def apply(low: Lowering, args: tuple, out_avals: Sequence[Optional[tuple]], compute_dtype=None) -> tuple:
+    """Applies one lowering: the single entry every path uses (the lazy executor, eager
+    mode, and traced programs).
+
+    args: the op's arguments in schema order, arrays as jax values (for a random op, the
+    last two are the seed and the op's number); out_avals: (shape, numpy dtype) per output
+    (None for an output the op does not produce); compute_dtype: with `promote`, the dtype
+    every array argument is cast to first. Returns one jax value per output, cast to its
+    dtype; an output of another shape is a LoweringError.
+    """
+    import jax.numpy as jnp
+    if low.random:
+        args = args[:-2] + (rng_key(args[-2], args[-1]),)
+    if low.promote and compute_dtype is not None:
+        args = _cast_arrays(args, compute_dtype)
+    ctx.out = tuple(out_avals)
+    out = low.fn(*args)
+    out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    if len(out) != len(out_avals):
+        raise LoweringError(f"lowering of {low.name} returned {len(out)} values, expected {len(out_avals)}")
+    res = []
+    for o, aval in zip(out, out_avals):
+        if o is None or aval is None:
+            res.append(None)
+            continue
+        shape, dtype = aval
+        o = jnp.asarray(o)
+        if o.dtype != dtype:
+            o = o.astype(dtype)
+        if tuple(o.shape) != tuple(shape):
+            raise LoweringError(
+                f"lowering of {low.name} produced shape {tuple(o.shape)}, expected {tuple(shape)}")
+        res.append(o)
+    return tuple(res)
+
+
+def _cast_arrays(a, dtype):
+    t = type(a)
+    if t is tuple or t is list:
+        return t(_cast_arrays(x, dtype) for x in a)
+    if hasattr(a, "dtype") and hasattr(a, "shape"):
+        return a if a.dtype == dtype else a.astype(dtype)
+    return a
