@@ -8,7 +8,7 @@ memory, per 4 KiB page. Then, per model, training steps of this project in two m
 alternate round by round in one process (the drift of a shared machine hits both alike):
 - `mmap`: glibc's default for large blocks (fresh mmap per block, munmap on free), the
   dispatch of large programs not paced;
-- `retained`: this project's default on CPU (torch_xla/_engine/host_memory.py): one arena,
+- `retained`: this project's default on CPU (torch_xla/_engine/platform/host_memory.py): one arena,
   no mmap, no trimming, and a large program dispatched once the previous one's temporary
   buffer is free.
 Prints the median step time, the minor page faults per step and the peak RSS of the
@@ -59,7 +59,7 @@ def main(argv=None):
     import torch
     import torch_xla
     import models_torch
-    from torch_xla._engine import host_memory
+    from torch_xla._engine.platform import host_memory
 
     torch.set_num_threads(2)
     rounds = 2 if args.quick else args.rounds
@@ -96,8 +96,8 @@ def main(argv=None):
         for _ in range(3):
             step()
         step().item()
-        from torch_xla._engine import graph_executor
-        temp = max((e.temp for exes in graph_executor._cache.values() for e in exes), default=0)
+        from torch_xla._engine.executor import compile as compiling
+        temp = max((e.paced for exes in compiling._cache.values() for e in exes), default=0)
         times = {"mmap": [], "retained": []}
         faults = {"mmap": [], "retained": []}
         for _ in range(rounds):
@@ -114,7 +114,7 @@ def main(argv=None):
             print(f"| {name} | {m} | {statistics.median(times[m]) * 1e3:,.1f} | "
                   f"{statistics.median(faults[m]):,.0f} | {temp / 2**20:,.0f} |")
         del step
-        graph_executor.clear_cache()
+        compiling.clear_cache()
     mode("retained")
     print(f"\npeak RSS of the process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10:,} MiB")
 

@@ -35,7 +35,7 @@ alternation on the same buffers (A, B, A, B, ...), so the drift of a shared mach
 both alike. Prints StableHLO op counts, compile times, median and minimum step times
 , XLA's temporary buffer per step and the largest relative difference between the
 programs' outputs. Programs are compiled with the engine's compiler options for the graph
-(as `graph_executor` compiles them) but without donation.
+(as the executor compiles them) but without donation.
 """
 from __future__ import annotations
 
@@ -317,14 +317,15 @@ def main(argv=None):
     import torch
     import common
     import models_torch
-    from torch_xla._engine import graph_executor, runtime
+    from torch_xla._engine import runtime
+    from torch_xla._engine.platform import policy
     from torch_xla._engine.lowering import conv_cpu
     jax = runtime.jax_module()
     import jax.numpy as jnp
 
     torch.set_num_threads(2)
     graph, params = common.traced_step_graph(models_torch.workload(args.model))
-    opts = graph_executor.compiler_options(graph)
+    opts = policy(runtime.platform()).compiler_options(graph.op_avals())
     global ENGINE_MAX_POOL, ENGINE_IM2COL, CHUNK_ROWS
     ENGINE_IM2COL = conv_cpu.conv_im2col
     CHUNK_ROWS = args.chunk

@@ -21,7 +21,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _programs(impl):
-    import jax
     import jax.numpy as jnp
     from jax import random as jr
 

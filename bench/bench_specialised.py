@@ -20,7 +20,8 @@ def main() -> None:
     import torch
     import torch_xla
     import torch_xla.core.xla_model as xm
-    from torch_xla._engine import dispatch
+    from torch_xla._engine.kernels import KERNELS
+    from torch_xla._engine.kernels.specialise import specialise
     warnings.filterwarnings("ignore", category=UserWarning)  # re-registering kernels warns
     dev = torch_xla.device()
     y = (torch.rand(64, 64) / 64).to(dev)
@@ -30,8 +31,8 @@ def main() -> None:
     def use(specialised: bool) -> None:
         lib = torch.library.Library("aten", "IMPL")
         for n in names:
-            k = dispatch.KERNELS[n]
-            lib.impl(n.replace(".default", ""), dispatch._specialise(k) if specialised else k, "PrivateUse1")
+            k = KERNELS[n]
+            lib.impl(n.replace(".default", ""), specialise(k) if specialised else k, "PrivateUse1")
         libs.append(lib)
 
     def run(mixed: bool) -> float:

@@ -43,7 +43,7 @@ def _steps(dev, sync, read):
 
 
 def worker_xla(args):
-    import torch
+    import torch  # noqa: F401  (timed: the import itself)
     import torch_xla
     import torch_xla.core.xla_model as xm
     t_imports = time.time()

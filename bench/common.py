@@ -166,7 +166,7 @@ def traced_step_graph(wl, inference: bool = False):
     import torch
     import torch_xla
     import torch_xla.core.xla_model as xm
-    from torch_xla._engine import graph_executor, ir
+    from torch_xla._engine import executor, ir
     from torch_xla._engine.tensor import pending
     dev = torch_xla.device()
     torch.manual_seed(0)
@@ -195,7 +195,7 @@ def traced_step_graph(wl, inference: bool = False):
         if type(s.node) is not ir.DeviceData and (id(s.node), s.idx) not in seen:
             seen.add((id(s.node), s.idx))
             roots.append((s.node, s.idx))
-    graph = graph_executor.Graph(roots)
+    graph = executor.Graph(roots)
     return graph, graph.param_values()
 
 
