@@ -20,7 +20,7 @@ against alternatives kept here.
 --compare maxpool: max pooling over tiling windows as a running max over the window
   offsets' strided slices, gradient compared per offset at the windows' resolution vs
   the engine's windows cut by reshape + transpose with an argmax, gradient by repeated
-  flat indices (`nn_ops._max_windows`, `nn_ops._tiled_backward`).
+  flat indices (`pooling._max_windows`, `pooling._tiled_backward`).
 --compare softmax (use --model decoder): softmax as exp(z) / sum(exp(z)) vs the engine's
   exp(z - log(sum(exp(z)))), z = x - max(x) (`reductions.softmax`). XLA fuses the cheap
   scaling of exp(z) into every consumer of the probabilities, including the backward, so
@@ -89,35 +89,35 @@ def convolution_backward_gather(g, x, w, bias_sizes, stride, padding, dilation, 
     (CPU patch formulation) and the weight gradient from `jax.vjp` as in the engine."""
     import jax
     import jax.numpy as jnp
-    from torch_xla._engine.lowering import conv_cpu, nn_ops
+    from torch_xla._engine.lowering import conv_cpu, conv, nn_common
     w, g = w.astype(x.dtype), g.astype(x.dtype)
     nsp = x.ndim - 2
-    st, pd, dl = nn_ops._tup(stride, nsp), nn_ops._tup(padding, nsp), nn_ops._tup(dilation, nsp)
-    f = lambda xx, ww: nn_ops._conv(xx, ww, stride, padding, dilation, transposed, output_padding, groups)
+    st, pd, dl = nn_common._tup(stride, nsp), nn_common._tup(padding, nsp), nn_common._tup(dilation, nsp)
+    f = lambda xx, ww: conv._conv(xx, ww, stride, padding, dilation, transposed, output_padding, groups)
     gx = gw = None
-    if (nn_ops._has_out(0) and nn_ops._cpu_formulation(x, transposed, groups)
+    if (nn_common._has_out(0) and conv._cpu_formulation(x, transposed, groups)
             and conv_cpu.use_im2col(x.shape, w.shape, st, pd, dl)):
         gx = gather_input_grad(g, x.shape, w, st, pd, dl)
-        if nn_ops._has_out(1):
+        if nn_common._has_out(1):
             gw, = jax.vjp(lambda ww: f(x, ww), w)[1](g)
     else:
         gx, gw = jax.vjp(f, x, w)[1](g)
-    gb = jnp.sum(g, axis=(0,) + tuple(range(2, g.ndim))) if nn_ops._has_out(2) else None
-    return nn_ops._fill((gx if nn_ops._has_out(0) else None, gw if nn_ops._has_out(1) else None, gb))
+    gb = jnp.sum(g, axis=(0,) + tuple(range(2, g.ndim))) if nn_common._has_out(2) else None
+    return nn_common._fill((gx if nn_common._has_out(0) else None, gw if nn_common._has_out(1) else None, gb))
 
 
 def sliced_max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, nsp):
-    """`nn_ops._max_pool` with tiling windows taken as a running max over the window
+    """`pooling._max_pool` with tiling windows taken as a running max over the window
     offsets' strided slices (elementwise; the CPU kernel's rule: greater, or NaN)."""
     import jax.numpy as jnp
     import numpy as np
     from jax import lax
-    from torch_xla._engine.lowering import nn_ops
-    k = nn_ops._tup(kernel_size, nsp)
-    s = nn_ops._tup(stride, nsp, k)
-    p, d = nn_ops._tup(padding, nsp), nn_ops._tup(dilation, nsp)
+    from torch_xla._engine.lowering import nn_common, nn_ops, pooling
+    k = nn_common._tup(kernel_size, nsp)
+    s = nn_common._tup(stride, nsp, k)
+    p, d = nn_common._tup(padding, nsp), nn_common._tup(dilation, nsp)
     osz, isz = nn_ops.out_shape(0)[-nsp:], x.shape[-nsp:]
-    if not nn_ops._tiled(k, s, p, d, osz, isz):
+    if not pooling._tiled(k, s, p, d, osz, isz):
         return ENGINE_MAX_POOL(x, kernel_size, stride, padding, dilation, ceil_mode, nsp)
     lead = x.ndim - nsp
     m = j = None
@@ -329,8 +329,8 @@ def main(argv=None):
     global ENGINE_MAX_POOL, ENGINE_IM2COL, CHUNK_ROWS
     ENGINE_IM2COL = conv_cpu.conv_im2col
     CHUNK_ROWS = args.chunk
-    from torch_xla._engine.lowering import LOWERINGS, nn_ops
-    ENGINE_MAX_POOL = nn_ops._max_pool
+    from torch_xla._engine.lowering import LOWERINGS, pooling
+    ENGINE_MAX_POOL = pooling._max_pool
     if args.compare == "patches":
         variants = {"one slice per offset": {(conv_cpu, "_stacked_slices"): per_offset_patches},
                     "one dimension at a time (engine)": {}}
@@ -353,8 +353,8 @@ def main(argv=None):
                     "per image: (n, c k..., out...)": {(conv_cpu, "conv_im2col"): per_image_im2col},
                     "transposed: (c k...) x (n out...) (engine)": {}}
     else:
-        variants = {"strided slices, offsets": {(nn_ops, "_max_pool"): sliced_max_pool,
-                                                (nn_ops, "_tiled_backward"): offset_max_pool_backward},
+        variants = {"strided slices, offsets": {(pooling, "_max_pool"): sliced_max_pool,
+                                                (pooling, "_tiled_backward"): offset_max_pool_backward},
                     "reshape windows, repeated indices (engine)": {}}
     exes, info = {}, {}
     for name, patches in variants.items():

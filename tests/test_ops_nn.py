@@ -1,6 +1,5 @@
 """Neural-network ops (torch_xla/_engine/lowering/nn_ops.py) against eager PyTorch on the CPU."""
 import copy
-import gc
 
 import pytest
 import torch
