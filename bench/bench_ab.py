@@ -88,6 +88,7 @@ def main(argv=None) -> None:
     text = "\n".join(lines)
     print(text)
     if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             f.write(text + "\n")
 
