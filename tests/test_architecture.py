@@ -234,3 +234,31 @@ def test_use_spmd_fails_loudly():
     with pytest.raises(RuntimeError, match="SPMD"):
         xr.use_spmd()
     assert xr.is_spmd() is False
+
+
+def test_capture_runs_the_traced_program_on_new_inputs():
+    from torch_xla._engine.capture import capture
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 3)
+    d = xm.xla_device()
+    dlin = torch.nn.Linear(4, 3).to(d)
+    dlin.load_state_dict(lin.state_dict())
+
+    def f(x, acc):
+        acc.add_(x.sum(0))                      # an input written in place
+        return {"y": torch.relu(dlin(x)) * 0.5, "n": (x * x).sum()}
+
+    x0, acc0 = torch.randn(5, 4), torch.zeros(4)
+    xd, accd = x0.to(d), acc0.to(d)
+    prog = capture(f, xd, accd)
+    assert torch.allclose(accd.cpu(), x0.sum(0))          # the traced call's own write-back
+    assert prog.mutated == [1]
+    x1 = torch.randn(5, 4)
+    x1d = x1.to(d)
+    out = prog.run(x1d, accd)
+    assert torch.allclose(out["y"].cpu(), torch.relu(lin(x1)) * 0.5, atol=1e-6)
+    assert torch.allclose(out["n"].cpu(), (x1 * x1).sum(), rtol=1e-5)
+    assert torch.allclose(accd.cpu(), x0.sum(0) + x1.sum(0), atol=1e-6)
+    assert "stablehlo" in prog.lowered().as_text() or "func.func" in prog.lowered().as_text()
+    with pytest.raises(ValueError, match="aval"):
+        prog.run(torch.randn(6, 4).to(d), accd)
