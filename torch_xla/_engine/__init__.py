@@ -1,1 +1,2 @@
-"""The engine under the public modules: device, tensor, IR, lowering, graph executor, runtime, metrics."""
+"""The engine under the public modules (docs/ARCHITECTURE.md): kernels, executor, lowering,
+runtime, platform policies, and the state they share (IR, tensors, modes, config)."""
