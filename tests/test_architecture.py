@@ -229,13 +229,6 @@ def test_compile_counts_different_graphs():
     xm.mark_step()
 
 
-def test_use_spmd_fails_loudly():
-    import torch_xla.runtime as xr
-    with pytest.raises(RuntimeError, match="SPMD"):
-        xr.use_spmd()
-    assert xr.is_spmd() is False
-
-
 def test_capture_runs_the_traced_program_on_new_inputs():
     from torch_xla._engine.capture import capture
     torch.manual_seed(0)

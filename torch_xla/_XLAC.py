@@ -79,3 +79,66 @@ def _xla_get_default_device() -> str:
 
 def _xla_graph_executor_cache_size() -> int:
     return executor.cache_size()
+
+
+# ---- SPMD ------------------------------------------------------------------------------------
+
+def _get_xla_sharding_spec(t: torch.Tensor) -> str:
+    """The sharding of xla tensor `t` as HLO text (`{devices=[4,1]0,1,2,3}`), '' if none."""
+    from .distributed.spmd.xla_sharded_tensor import sharding_text
+    return sharding_text(getattr(t, "global_tensor", t))
+
+
+def _get_xla_sharding_type(t: torch.Tensor) -> Optional[int]:
+    """The OpSharding type of `t`'s annotation (None when it has none)."""
+    from ._engine import sharding as _sh
+    from .distributed.spmd.mesh import sharding_type_of
+    g = getattr(t, "global_tensor", t)
+    kind = sharding_type_of(_sh.annotation(g), g.dim())
+    return None if kind is None else int(kind)
+
+
+def _xla_get_auto_sharding() -> bool:
+    """Whether XLA chooses shardings automatically (it does not: annotations decide)."""
+    return False
+
+
+def _get_xla_tensor_debug_info(t: torch.Tensor) -> str:
+    """What the engine holds for `t`: its IR value or device data, and its sharding."""
+    from ._engine import mode as _mode, sharding as _sh
+    g = getattr(t, "global_tensor", t)
+    s = state_of(g)
+    lines = ["XLATensor {", f"TensorID: {id(s)}",
+             f"Device: {'SPMD:0' if _mode.SPMD[0] else 'xla:0'}",
+             f"XLA Shape: {_dt(s.dtype)}[{','.join(map(str, s.shape))}]"]
+    if type(s.node) is ir.DeviceData:
+        arr = s.node.array
+        sharded = _mode.SPMD[0] and len(arr.sharding.device_set) > 1
+        lines.append("IR: None")
+        lines.append("XLAShardedData" if sharded else "XLAData:")
+        lines.append(f"  Data Device: {'SPMD:0' if _mode.SPMD[0] else 'xla:0'}")
+        lines.append(f"  Data Shape: {_dt(s.dtype)}[{','.join(map(str, s.shape))}]")
+        if sharded:
+            sh = _sh.annotation(g) or arr.sharding
+            lines.append(f"  OpSharding: {_sh.spec_text(sh, len(s.shape)) or '{replicated}'}")
+            lines.append(f"  NumShards: {len(arr.sharding.device_set)}")
+    else:
+        lines.append(f"IR: {s.node.op}")
+        lines.append("XLAData: None")
+    lines.append("Tensor on host: None")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _get_graph_hash(tensors: List[torch.Tensor]) -> bytes:
+    """The key of the graph computing `tensors` (equal graphs and input layouts, equal keys)."""
+    roots = _roots(tensors)
+    graph, _ = executor.barrier.walk(roots)
+    return graph.key.to_bytes(8, "little", signed=True)
+
+
+def _get_local_shards(tensors: List[torch.Tensor]):
+    """Per tensor: [(CPU shard, device name)] for this process's devices."""
+    from .distributed.spmd.xla_sharded_tensor import local_shards_of
+    return [[(s.data, s.shard_device) for s in local_shards_of(getattr(t, "global_tensor", t))]
+            for t in tensors]

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Dict, List, Optional
 
 from ._engine import runtime as _rt
 from ._engine import job as _pg
+from ._engine import config as _config
 from ._engine import mode as _mode
+from ._engine import sharding as _sharding
 from ._engine.executor import persistent as _persistent
 
 
@@ -41,7 +43,7 @@ def global_device_count() -> int:
 
 def global_runtime_device_count() -> int:
     """Total number of runtime devices across all processes and hosts (SPMD: all of them)."""
-    return global_device_count()
+    return len(_sharding.global_devices())
 
 
 def world_size() -> int:
@@ -73,18 +75,47 @@ def get_master_ip() -> str:
 
 
 def use_spmd(auto: Optional[bool] = False) -> None:
-    """Switches to SPMD mode: one virtual device over all devices.
+    """Switches to SPMD mode: one logical device, `xla:0`, over all devices of the job.
 
-    This release has no SPMD partitioner yet: the call raises instead of running the
-    program unpartitioned."""
-    raise RuntimeError("torch_xla.runtime.use_spmd(): SPMD mode (mark_sharding over a device mesh) "
-                       "is not available in this release of torch-xla-jax; run one process per "
-                       "device (torch_xla.launch / xmp.spawn) for data parallelism")
+    Tensors are then placed replicated on every device unless annotated with
+    `torch_xla.distributed.spmd.mark_sharding`; each graph compiles into one program that
+    XLA partitions. Data already on the device joins the mesh at its next use."""
+    if auto:
+        raise ValueError("use_spmd(auto=True): automatic sharding is not available; annotate tensors "
+                         "with mark_sharding instead")
+    _sharding.enable()
+    _config.update({"XLA_USE_SPMD": "1"})
 
 
 def is_spmd() -> bool:
-    """Whether SPMD mode is on (`XLA_USE_SPMD`)."""
-    return _mode.spmd_requested()
+    """Whether SPMD mode is on."""
+    return _mode.SPMD[0]
+
+
+def addressable_runtime_device_count() -> int:
+    """The devices this process drives (SPMD: all of this host's devices)."""
+    return len(_rt.local_devices())
+
+
+def global_runtime_device_attributes() -> List[Dict[str, object]]:
+    """One dict per device of the job: name (`CPU:0`), kind, process index, coordinates."""
+    out = []
+    for d in _sharding.global_devices():
+        attrs = {"name": f"{_rt.platform()}:{d.id}", "kind": d.device_kind, "process_index": d.process_index}
+        for k in ("coords", "core_on_chip", "slice_index"):
+            v = getattr(d, k, None)
+            if v is not None:
+                attrs[k] = list(v) if isinstance(v, (list, tuple)) else v
+        out.append(attrs)
+    return out
+
+
+def runtime_device_attributes(device: str) -> Dict[str, object]:
+    """The attributes of one device, by name (`CPU:0`)."""
+    for a in global_runtime_device_attributes():
+        if a["name"] == device:
+            return a
+    raise ValueError(f"no device named {device!r}")
 
 
 _cache_state = {"path": None}

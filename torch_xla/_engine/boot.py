@@ -7,7 +7,8 @@
 4. this process joins its job (`job.join`: jax.distributed, warm-up) when it is one of
    several;
 5. the process patches that must see the loaded modules (`patches.after_jax_start`:
-   meta kernels that need not import torch._dynamo, then the garbage collector's tuning).
+   meta kernels that need not import torch._dynamo, then the garbage collector's tuning);
+6. the `after_start` hooks (SPMD mode when `XLA_USE_SPMD` is set).
 
 What `import torch_xla` itself does (device, kernels, import-time patches) is in
 `torch_xla/__init__.py`; every change to the process is listed in `patches.REGISTRY`.
@@ -15,13 +16,14 @@ What `import torch_xla` itself does (device, kernels, import-time patches) is in
 from __future__ import annotations
 
 import threading
-import warnings
 
 from . import config, job, patches
 
 _PLATFORMS = {"CPU": "cpu", "CUDA": "cuda", "GPU": "cuda", "TPU": "tpu"}
 _lock = threading.Lock()
 _jax = []
+# Called once jax has started (6. in the order above): modes that need devices (SPMD).
+after_start = []
 
 
 def _configure_env() -> None:
@@ -48,9 +50,6 @@ def start_jax():
     with _lock:
         if not _jax:
             _configure_env()
-            if config.get("XLA_USE_SPMD"):
-                warnings.warn("XLA_USE_SPMD is set, but this release of torch-xla-jax has no SPMD "
-                              "partitioner: programs run on one device per process")
             if (config.get("JAX_PLATFORMS") or "").lower() == "cpu":
                 from .platform import cpu
                 cpu.prepare_process()
@@ -59,6 +58,12 @@ def start_jax():
             job.join(jax)
             patches.after_jax_start()
             _jax.append(jax)
+            started_now = True
+        else:
+            started_now = False
+    if started_now:
+        for fn in after_start:
+            fn()
     return _jax[0]
 
 

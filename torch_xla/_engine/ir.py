@@ -91,8 +91,12 @@ class Node:
 
 
 class DeviceData(Node):
-    """A leaf holding a device buffer (`jax.Array`)."""
+    """A leaf holding a device buffer (`jax.Array`).
+
+    In SPMD mode (`shard_aware`) the hash includes the buffer's sharding: a program
+    compiled for one layout of its inputs must not be replayed on another."""
     __slots__ = ("array",)
+    shard_aware = False
 
     def __init__(self, array, aval: Aval):
         self.op = "xla::device_data"
@@ -102,7 +106,10 @@ class DeviceData(Node):
         self.lowering = None
         self.info = None
         self.array = array
-        self.hash = hash(("data", aval))
+        if DeviceData.shard_aware:
+            self.hash = hash(("data", aval, array.sharding))
+        else:
+            self.hash = hash(("data", aval))
 
     @property
     def is_leaf(self) -> bool:

@@ -38,6 +38,7 @@ metrics: Dict[str, Metric] = {}
 _KINDS = {
     "CompileTime": "time",
     "ExecuteTime": "time",
+    "ExecuteReplicatedTime": "time",
     "TransferToDeviceTime": "time",
     "TransferFromDeviceTime": "time",
     "InboundData": "bytes",

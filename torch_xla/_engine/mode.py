@@ -12,6 +12,8 @@ from typing import Iterator
 
 from . import config
 
+# SPMD[0]: one program over all devices (`xr.use_spmd()`), partitioned by XLA.
+SPMD = [False]
 # EAGER[0]: run ops as they are traced now; EAGER_DEFAULT[0]: the mode outside lazy scopes.
 EAGER = [False]
 EAGER_DEFAULT = [False]
@@ -48,5 +50,5 @@ def lazy_scope() -> Iterator[None]:
 
 
 def spmd_requested() -> bool:
-    """Whether SPMD mode was asked for (`XLA_USE_SPMD`)."""
-    return bool(config.get("XLA_USE_SPMD"))
+    """Whether SPMD mode is on or was asked for (`XLA_USE_SPMD`)."""
+    return SPMD[0] or bool(config.get("XLA_USE_SPMD"))

@@ -11,9 +11,9 @@ import numpy as np
 import ml_dtypes
 import torch
 
-from . import boot, config
+from . import boot, config, metrics
 
-_state = {"devices": None, "platform": None}
+_state = {"devices": None, "platform": None, "placement": None}
 
 
 def jax_module():
@@ -152,14 +152,21 @@ def from_numpy(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(np.array(a, copy=True))
 
 
+def set_placement(sharding) -> None:
+    """Where new device data goes by default (SPMD: replicated over every device)."""
+    _state["placement"] = sharding
+
+
 def put(host: np.ndarray, device=None):
     """Starts an asynchronous host-to-device transfer; returns the jax.Array."""
     jax = jax_module()
-    return jax.device_put(host, device or default_device())
+    return jax.device_put(host, device or _state["placement"] or default_device())
 
 
 def fetch(array) -> np.ndarray:
-    """Waits for a device buffer and copies it to the host."""
+    """Waits for a device buffer and copies it to the host (a sharded one is gathered)."""
+    if _state["placement"] is not None and not array.is_fully_replicated:
+        metrics.inc("ReplicateShardedData")
     return np.asarray(array)
 
 

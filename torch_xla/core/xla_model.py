@@ -259,9 +259,15 @@ def atomic_save(obj, file_or_path) -> None:
 
 
 def send_cpu_data_to_device(datas, device, input_sharding=None):
-    """Moves every tensor in a nested structure to `device`."""
+    """Moves every tensor in a nested structure to `device`.
+
+    `input_sharding` (SPMD, a `ShardingSpec`): tensors it applies to are sent shard by
+    shard with that layout."""
     def move(x):
         if isinstance(x, torch.Tensor):
+            if input_sharding is not None and input_sharding.can_apply(x):
+                from torch_xla.distributed.spmd.xla_sharding import send_sharded
+                return send_sharded(x, input_sharding)
             return x.to(device)
         if isinstance(x, dict):
             return type(x)((k, move(v)) for k, v in x.items())

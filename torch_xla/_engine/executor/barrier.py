@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from typing import List, Optional
 
-from .. import ir, metrics, rng
+from .. import ir, metrics, mode, rng, sharding
 from ..tensor import XlaState, pending
 from . import closures, compile as compiling, strategies
 from .donation import donatable
@@ -57,13 +57,15 @@ def execute(states: List[XlaState], barrier: bool = False) -> None:
     if exe.paced:
         pol = compiling.platform_policy()
         token = pol.before_dispatch(exe.paced)
-    with metrics.timed("ExecuteTime"):
+    with metrics.timed(strategy.execute_metric):
         outs = exe.compiled(*args)
     if exe.paced:
         pol.after_dispatch(exe.paced, token, outs)
     outs = strategy.from_outputs(outs, graph)
     del graph
     metrics.inc("ExecuteCount")
+    if strategy is strategies.SPMD:
+        metrics.inc("ExecuteReplicated")
     del args
     by_array = {}
     for s in states:
@@ -78,6 +80,8 @@ def execute(states: List[XlaState], barrier: bool = False) -> None:
 def sync(wait: bool = False, states: Optional[List[XlaState]] = None) -> None:
     """The barrier: runs all pending IR (or that of `states`) and the step closures."""
     with _lock:
+        if mode.SPMD[0]:
+            sharding.constrain_annotated()
         live = pending.take_live() if states is None else states
         if live:
             metrics.add_sample("TensorsGraphSize", len(live))

@@ -44,7 +44,8 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple) -> Executable:
     pol.before_compile()
     t0 = time.perf_counter()
     with metrics.timed("CompileTime"):
-        lowered = jax.jit(fn, donate_argnums=donate, keep_unused=True).lower(*args)
+        lowered = jax.jit(fn, donate_argnums=donate, keep_unused=True,
+                          **strategy.jit_options(graph, args)).lower(*args)
         opts = pol.compiler_options(graph.op_avals())
         compiled = lowered.compile(compiler_options=opts) if opts else lowered.compile()
     metrics.inc("UncachedCompile")
@@ -83,7 +84,7 @@ def lowered(graph: Graph, strategy):
     jax = runtime.jax_module()
     args = strategy.to_args(graph.param_values(), graph)
     fn = strategy.wrap(build_fn(graph, platform_policy().patch_convolutions), graph)
-    return jax.jit(fn, keep_unused=True).lower(*args)
+    return jax.jit(fn, keep_unused=True, **strategy.jit_options(graph, args)).lower(*args)
 
 
 def cache_size() -> int:

@@ -4,6 +4,8 @@
 - `Replicated`: a graph holding a collective in a multi-process job, compiled as one SPMD
   program over the replica mesh (`shard_map` over axis 'r' of every process's device);
   each process feeds its own buffers as its shard.
+- `Spmd` (`xr.use_spmd()`): the graph as it is, over every device; its inputs carry
+  their shardings (part of the graph key) and XLA's partitioner places the rest.
 
 A strategy wraps the graph's function, turns the local parameter buffers into the
 program's arguments and its results back into local buffers, and says whether buffers
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import job, runtime
+from .. import ir, job, mode, runtime, sharding
 from ..lowering import ctx as lowering_ctx
 from .graph import Graph
 
@@ -22,6 +24,10 @@ class Local:
     name = "local"
     donates = True
     persistable = True  # its executables may be stored in the persistent cache
+    execute_metric = "ExecuteTime"
+
+    def jit_options(self, graph: Graph, args) -> dict:
+        return {}
 
     def wrap(self, fn, graph: Graph):
         return fn
@@ -37,6 +43,10 @@ class Replicated:
     name = "replicated"
     donates = False
     persistable = False
+    execute_metric = "ExecuteTime"
+
+    def jit_options(self, graph: Graph, args) -> dict:
+        return {}
 
     def wrap(self, fn, graph: Graph):
         """Each global parameter is every replica's local buffer concatenated on dim 0 (0-d
@@ -89,12 +99,36 @@ class Replicated:
         return res
 
 
+class Spmd(Local):
+    name = "spmd"
+    persistable = False
+    execute_metric = "ExecuteReplicatedTime"
+
+    def to_args(self, args, graph: Graph):
+        # Data placed before SPMD mode (on one device) joins the mesh, replicated.
+        return [sharding.on_mesh(a) if hasattr(a, "addressable_shards") else a for a in args]
+
+    def jit_options(self, graph: Graph, args) -> dict:
+        """Without device data among the inputs jax would place the program on one device:
+        its outputs are then replicated over all devices, or laid out as constrained."""
+        if any(hasattr(a, "addressable_shards") for a in args):
+            return {}
+        rep = sharding.replicated_sharding()
+        outs = []
+        for n, _ in graph.roots:
+            outs.append(n.args[1] if type(n) is ir.Node and n.op == "xla::sharding_constraint" else rep)
+        return {"out_shardings": tuple(outs)}
+
+
 LOCAL = Local()
 REPLICATED = Replicated()
+SPMD = Spmd()
 
 
 def for_graph(graph: Graph):
     """The strategy of a walked graph."""
+    if mode.SPMD[0]:
+        return SPMD
     if graph.has_collective and job.is_multiprocess():
         return REPLICATED
     return LOCAL

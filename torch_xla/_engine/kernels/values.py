@@ -19,8 +19,9 @@ def to_cpu(t: torch.Tensor) -> torch.Tensor:
     return runtime.from_numpy(host, s.dtype)
 
 
-def from_cpu(t: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """A new inner XLA tensor holding a copy of CPU tensor `t`."""
+def from_cpu(t: torch.Tensor, dtype: Optional[torch.dtype] = None, placement=None) -> torch.Tensor:
+    """A new inner XLA tensor holding a copy of CPU tensor `t` (placed on `placement`, a
+    jax device or sharding, or where new data goes by default)."""
     if dtype is not None and dtype != t.dtype:
         t = t.to(dtype)
     if not runtime.is_supported_dtype(t.dtype):
@@ -30,7 +31,8 @@ def from_cpu(t: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tens
         dd = runtime.device_dtype(t.dtype)
         if host.dtype != dd:
             host = host.astype(dd)
-        arr = runtime.put(host)
+        arr = runtime.put(host, placement)
+        metrics.add_sample("OutboundData", host.nbytes)
     aval = (tuple(t.shape), t.dtype)
     return make_tensor(ir.DeviceData(arr, aval), 0, aval[0], aval[1])
 

@@ -1,0 +1,285 @@
+"""SPMD: one program over every device, partitioned by XLA from sharding annotations.
+
+In SPMD mode the process has one logical device, `xla:0`, over all devices of the job.
+Device data is a global `jax.Array`: replicated over every device unless annotated. An
+annotation (`mark_sharding`) is a `jax.sharding.NamedSharding`; it reshards device data
+at once, and becomes a sharding constraint inside the graph for a pending value. The
+program strategy (`executor/strategies.Spmd`) compiles each graph once for the
+shardings of its inputs (they are part of the graph key) and lets XLA's partitioner
+place everything else.
+
+Annotations ride on the tensor the user annotated (functionalization swaps the inner
+tensor of an in-place op; the user's tensor object stays), and every barrier re-applies
+them to annotated tensors whose value is pending, so a parameter keeps its sharding
+through optimizer steps.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import boot, config, ir, job, mode, runtime, tensor as _tensor
+from .lowering import LOWERINGS
+
+ANNOTATION = "_xla_sharding"  # attribute of an annotated tensor: its NamedSharding
+_annotated: "weakref.WeakSet" = weakref.WeakSet()
+_state = {"replicated": None}
+
+
+# ---- mode ---------------------------------------------------------------------------------
+
+def enable() -> None:
+    """Turns SPMD mode on for this process (idempotent)."""
+    if mode.SPMD[0]:
+        return
+    jax = runtime.jax_module()
+    if job.in_launched_child():
+        raise RuntimeError(
+            "xr.use_spmd() cannot be mixed with the multi-process replication API "
+            "(torch_xla.launch / xmp.spawn): SPMD runs one program over all devices from one "
+            "process per host")
+    mode.SPMD[0] = True
+    ir.DeviceData.shard_aware = True
+    rep = replicated_sharding(jax)
+    _state["replicated"] = rep
+    runtime.set_placement(rep)
+
+
+def _from_environment() -> None:
+    if config.get("XLA_USE_SPMD"):
+        enable()
+
+
+boot.after_start.append(_from_environment)
+
+
+def is_on() -> bool:
+    return mode.SPMD[0]
+
+
+def global_devices() -> list:
+    """Every device of the job, in global id order."""
+    jax = runtime.jax_module()
+    return sorted(jax.devices(), key=lambda d: d.id)
+
+
+def replicated_sharding(jax=None):
+    """Replicated over every device (the default placement of SPMD device data)."""
+    if _state["replicated"] is not None:
+        return _state["replicated"]
+    jax = jax or runtime.jax_module()
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    devs = np.array(global_devices())
+    return NamedSharding(Mesh(devs, ("_all",)), PartitionSpec())
+
+
+# ---- meshes and shardings -------------------------------------------------------------------
+
+def jax_mesh(device_ids: Sequence[int], mesh_shape: Tuple[int, ...], axis_names: Tuple[str, ...]):
+    """The jax `Mesh` of logical device ids laid out in `mesh_shape`."""
+    from jax.sharding import Mesh
+    by_id = {d.id: d for d in global_devices()}
+    devs = np.array([by_id[int(i)] for i in np.asarray(device_ids).reshape(-1)],
+                    dtype=object).reshape(mesh_shape)
+    return Mesh(devs, tuple(axis_names))
+
+
+def named_sharding(mesh, spec: Tuple):
+    """A NamedSharding of `mesh` (a jax Mesh) for a spec of axis names / tuples / None."""
+    from jax.sharding import NamedSharding, PartitionSpec
+    return NamedSharding(mesh, PartitionSpec(*spec))
+
+
+def is_replicated(sharding) -> bool:
+    return bool(getattr(sharding, "is_fully_replicated", False))
+
+
+def divisible(sharding, shape: Tuple[int, ...]) -> bool:
+    """Whether every sharded dimension of `shape` splits evenly (a jax.Array can hold it)."""
+    parts = dim_parts(sharding, len(shape))
+    return all(n % p == 0 for n, p in zip(shape, parts))
+
+
+def dim_parts(sharding, ndim: int) -> List[int]:
+    """How many pieces each dimension is cut into."""
+    mesh = sharding.mesh
+    spec = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
+    out = []
+    for entry in spec[:ndim]:
+        axes = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+        out.append(math.prod(mesh.shape[a] for a in axes))
+    return out
+
+
+def shard_layout(sharding, shape: Tuple[int, ...]):
+    """Per device, in device id order: (device, index slices, replica id, padded shape).
+
+    Uneven dimensions are cut in pieces of ceil(n / parts); the last pieces are padded
+    (and may be empty), as XLA pads them inside a partitioned program."""
+    mesh = sharding.mesh
+    ndim = len(shape)
+    spec = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
+    names = list(mesh.axis_names)
+    used = set()
+    dims = []
+    for entry in spec[:ndim]:
+        axes = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+        used.update(axes)
+        dims.append(axes)
+    free = [a for a in names if a not in used]
+    out = []
+    for coords in np.ndindex(*mesh.devices.shape):
+        dev = mesh.devices[coords]
+        at = dict(zip(names, coords))
+        index, padded = [], []
+        for n, axes in zip(shape, dims):
+            parts = math.prod(mesh.shape[a] for a in axes)
+            k = 0
+            for a in axes:
+                k = k * mesh.shape[a] + at[a]
+            chunk = -(-n // parts) if parts else n
+            start = min(k * chunk, n)
+            index.append(slice(start, min(start + chunk, n), 1))
+            padded.append(chunk)
+        rep = 0
+        for a in free:
+            rep = rep * mesh.shape[a] + at[a]
+        out.append((dev, tuple(index), rep, tuple(padded)))
+    out.sort(key=lambda r: r[0].id)
+    return out
+
+
+def spec_text(sharding, ndim: int) -> str:
+    """The HLO sharding text: `{devices=[4,1]0,1,2,3}`, `{replicated}`, `... last_tile_dim_replicate}`."""
+    if sharding is None:
+        return ""
+    if getattr(sharding, "_manual", False):
+        return "{manual}"
+    hs = sharding._to_xla_hlo_sharding(ndim)
+    if hs.is_replicated():
+        return "{replicated}"
+    if hs.is_manual():
+        return "{manual}"
+    dims = hs.tile_assignment_dimensions()
+    devs = hs.tile_assignment_devices()
+    tail = " last_tile_dim_replicate" if hs.replicate_on_last_tile_dim() else ""
+    return "{devices=[" + ",".join(map(str, dims)) + "]" + ",".join(map(str, devs)) + tail + "}"
+
+
+def num_shards(sharding, ndim: int) -> int:
+    return math.prod(dim_parts(sharding, ndim))
+
+
+# ---- device data --------------------------------------------------------------------------
+
+def put(host: np.ndarray, sharding):
+    """Host data placed with `sharding` (replicated when the layout is uneven)."""
+    jax = runtime.jax_module()
+    if not divisible(sharding, host.shape):
+        sharding = replicated_sharding()
+    return jax.device_put(host, sharding)
+
+
+def reshard(array, sharding):
+    """Device data laid out with `sharding` (replicated when the layout is uneven)."""
+    jax = runtime.jax_module()
+    if not divisible(sharding, tuple(array.shape)):
+        sharding = replicated_sharding()
+    if array.sharding == sharding:
+        return array
+    return jax.device_put(array, sharding)
+
+
+def on_mesh(array):
+    """`array` on every device: data placed before SPMD mode moves to the replicated layout."""
+    if len(array.sharding.device_set) == 1 and len(global_devices()) > 1:
+        return reshard(array, replicated_sharding())
+    return array
+
+
+# ---- annotations -----------------------------------------------------------------------------
+
+def annotation(t) -> Optional[object]:
+    """The sharding annotated on `t` (or its inner tensor), if any."""
+    s = getattr(t, ANNOTATION, None)
+    if s is None and _tensor.is_functional(t):
+        s = getattr(_tensor.unwrap(t), ANNOTATION, None)
+    return s
+
+
+def constraint_node(state, sharding) -> ir.Node:
+    shape, dtype = state.shape, state.dtype
+    return ir.Node("xla::sharding_constraint", ((state.node, state.idx),), (ir.ref(0), sharding),
+                   ((shape, dtype),), LOWERINGS["xla::sharding_constraint"], None)
+
+
+def annotate(t, sharding, in_graph: bool = False) -> None:
+    """Annotates tensor `t`: device data is resharded now, a pending value is constrained
+    (`in_graph`: device data too, as a constraint in the next graph)."""
+    setattr(t, ANNOTATION, sharding)
+    _annotated.add(t)
+    inner = _tensor.unwrap(t)
+    if inner is not t:
+        setattr(inner, ANNOTATION, sharding)
+    s = inner._xla
+    if type(s.node) is ir.DeviceData and not in_graph:
+        arr = reshard(on_mesh(s.node.array), sharding)
+        s.set_data(ir.DeviceData(arr, (s.shape, s.dtype)))
+    else:
+        _tensor.point_at(s, _tensor.XlaState(constraint_node(s, sharding), 0, s.shape, s.dtype))
+
+
+def clear(t) -> None:
+    """Drops the annotation of `t`; its data goes back to the replicated layout."""
+    for x in (t, _tensor.unwrap(t)):
+        if hasattr(x, ANNOTATION):
+            delattr(x, ANNOTATION)
+    _annotated.discard(t)
+    s = _tensor.unwrap(t)._xla
+    if type(s.node) is ir.DeviceData:
+        s.set_data(ir.DeviceData(reshard(s.node.array, replicated_sharding()), (s.shape, s.dtype)))
+    elif s.node.op == "xla::sharding_constraint":
+        o, i = s.node.operands[0]
+        s.node, s.idx = o, i
+
+
+def constrain_annotated() -> None:
+    """Before a barrier: annotated tensors whose value is pending keep their sharding."""
+    if not _annotated:
+        return
+    for t in list(_annotated):
+        sh = getattr(t, ANNOTATION, None)
+        if sh is None:
+            continue
+        try:
+            inner = _tensor.unwrap(t)
+            s = inner._xla
+        except (AttributeError, RuntimeError):
+            continue
+        if tuple(inner.shape) != s.shape:
+            continue
+        node = s.node
+        if type(node) is ir.DeviceData or type(node) is ir.ScalarParam or type(node) is ir.Constant:
+            continue
+        if node.op == "xla::sharding_constraint" and node.args[1] == sh:
+            continue
+        _tensor.point_at(s, _tensor.XlaState(constraint_node(s, sh), 0, s.shape, s.dtype))
+
+
+def data_sharding(t):
+    """The sharding of `t`'s device data, or None while its value is pending."""
+    s = _tensor.state_of(t)
+    if type(s.node) is ir.DeviceData:
+        return s.node.array.sharding
+    if s.node.op == "xla::sharding_constraint":
+        return s.node.args[1]
+    return None
+
+
+def set_array(t, array) -> None:
+    """Makes `array` (laid out as it is) the value of xla tensor `t`."""
+    s = _tensor.unwrap(t)._xla
+    s.set_data(ir.DeviceData(array, (s.shape, s.dtype)))

@@ -1,0 +1,231 @@
+"""Sharding annotations for SPMD: meshes, partition specs, `mark_sharding`.
+
+A `Mesh` lays device ids out in a logical n-d array with named axes; a partition spec
+says, per tensor dimension, which mesh axes (by index or name, or a tuple of them)
+split it, `None` for none. `mark_sharding` records the annotation on the tensor; XLA's
+partitioner compiles the program with it (see `torch_xla/_engine/sharding.py`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+import torch
+
+from torch_xla._engine import mode as _mode
+from torch_xla._engine import sharding as _sh
+from torch_xla._engine import tensor as _tensor
+
+from .mesh import (HybridMesh, Mesh, OpSharding, PartitionSpec, ShardingError, ShardingType,  # noqa: F401
+                   get_1d_mesh, get_global_mesh, set_global_mesh, sharding_type_of)
+from .xla_sharded_tensor import XLAShardedTensor
+
+def _require_spmd(what: str) -> None:
+    if not _mode.SPMD[0]:
+        raise RuntimeError(f"{what} needs SPMD mode: call torch_xla.runtime.use_spmd() first")
+
+
+def _check_spec(t: torch.Tensor, partition_spec) -> tuple:
+    spec = tuple(partition_spec)
+    if len(spec) != t.dim():
+        raise ShardingError(f"Partition spec length ({len(spec)}) should be equal to the input rank "
+                            f"({t.dim()}).")
+    return spec
+
+
+def _raw(t):
+    return t.global_tensor if isinstance(t, XLAShardedTensor) else t
+
+
+def mark_sharding(t: Union[torch.Tensor, XLAShardedTensor], mesh: Mesh,
+                  partition_spec: PartitionSpec) -> XLAShardedTensor:
+    """Annotates `t` with a layout over `mesh` and returns it as an `XLAShardedTensor`.
+
+    Device data is resharded at once; a pending value gets a sharding constraint in the
+    graph. An annotation over a replicated one is allowed; changing a tiled annotation
+    needs `clear_sharding` first (or `annotate_custom_sharding`).
+    """
+    _require_spmd("mark_sharding")
+    raw = _raw(t)
+    if raw.device.type != "xla":
+        raise RuntimeError(f"mark_sharding: the tensor is on {raw.device}; move it to the xla device first")
+    spec = _check_spec(raw, partition_spec)
+    new = mesh.sharding(spec)
+    old = _sh.annotation(raw)
+    if old is not None and old != new and not _sh.is_replicated(old):
+        raise RuntimeError(
+            f"mark_sharding: the tensor is already sharded as {_sh.spec_text(old, raw.dim())}; "
+            f"clear_sharding() it first, or use annotate_custom_sharding() to reshard it in the graph")
+    _sh.annotate(raw, new)
+    return XLAShardedTensor(raw, mesh_shape=mesh.mesh_shape, partition_spec=spec)
+
+
+def annotate_custom_sharding(t: Union[torch.Tensor, XLAShardedTensor], mesh: Mesh,
+                             partition_spec: PartitionSpec) -> XLAShardedTensor:
+    """Lays `t` out anew inside the graph (a sharding constraint on its current value),
+    whatever its present sharding."""
+    _require_spmd("annotate_custom_sharding")
+    raw = _raw(t)
+    spec = _check_spec(raw, partition_spec)
+    new = mesh.sharding(spec)
+    _sh.annotate(raw, new, in_graph=True)
+    return XLAShardedTensor(raw, mesh_shape=mesh.mesh_shape, partition_spec=spec)
+
+
+def clear_sharding(t: Union[torch.Tensor, XLAShardedTensor]) -> torch.Tensor:
+    """Removes the annotation of `t` (its data returns to the replicated layout)."""
+    raw = _raw(t)
+    _sh.clear(raw)
+    return raw
+
+
+class MarkShardingFunction(torch.autograd.Function):
+    """`mark_sharding` in forward, the same annotation on the gradient in backward."""
+
+    @staticmethod
+    def forward(ctx, t: torch.Tensor, mesh: Mesh, partition_spec: PartitionSpec) -> torch.Tensor:
+        ctx.mesh, ctx.spec = mesh, tuple(partition_spec)
+        out = t.clone() if t.requires_grad or _tensor.is_functional(t) else t
+        mark_sharding(out, mesh, partition_spec)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        mark_sharding(grad, ctx.mesh, ctx.spec)
+        return grad, None, None
+
+
+def mark_sharding_with_gradients(t: torch.Tensor, mesh: Mesh, partition_spec: PartitionSpec) -> torch.Tensor:
+    """`mark_sharding` that also annotates the gradient flowing back through `t`.
+
+    Returns a new tensor (use it in place of `t`): the annotation on the backward pass
+    is a node of the autograd graph."""
+    _require_spmd("mark_sharding_with_gradients")
+    _check_spec(_raw(t), partition_spec)
+    return MarkShardingFunction.apply(_raw(t), mesh, partition_spec)
+
+
+def shard_as(a, b):
+    """Gives `b` the sharding of `a` (tensors, or pytrees of tensors matched leaf by leaf)."""
+    import torch.utils._pytree as pytree
+    la, spec_a = pytree.tree_flatten(a)
+    lb, spec_b = pytree.tree_flatten(b)
+    if len(la) != len(lb):
+        raise ValueError(f"shard_as: {len(la)} tensors against {len(lb)}")
+    for x, y in zip(la, lb):
+        sh = _sh.annotation(_raw(x)) or _sh.data_sharding(_raw(x))
+        if sh is not None and tuple(x.shape) == tuple(y.shape):
+            _sh.annotate(_raw(y), sh, in_graph=True)
+    return a, b
+
+
+def wrap_as_sharded_tensor(t: Union[torch.Tensor, XLAShardedTensor], mesh_shape=None,
+                           partition_spec=None) -> XLAShardedTensor:
+    if isinstance(t, XLAShardedTensor):
+        if mesh_shape is not None:
+            t.mesh_shape = mesh_shape
+        if partition_spec is not None:
+            t.partition_spec = partition_spec
+        return t
+    return XLAShardedTensor(t, mesh_shape=mesh_shape, partition_spec=partition_spec)
+
+
+def unwrap_sharded_tensor(t: Union[torch.Tensor, XLAShardedTensor]) -> torch.Tensor:
+    return _raw(t)
+
+
+def wrap_if_sharded(x: Any) -> Any:
+    """`x` as an XLAShardedTensor when it is an xla tensor with a sharding annotation."""
+    if (isinstance(x, torch.Tensor) and not isinstance(x, XLAShardedTensor) and x.device.type == "xla"
+            and _sh.annotation(x) is not None):
+        return XLAShardedTensor(x)
+    return x
+
+
+@dataclass
+class ShardingSpec:
+    """A reusable annotation: a mesh and a partition spec (e.g. a data loader's `input_sharding`).
+
+    `minibatch=True`: the loader's batch is this host's part of the global batch (many
+    hosts); dimension 0 of the global tensor is then the batch of all hosts together.
+    """
+    mesh: Mesh
+    partition_spec: PartitionSpec
+    minibatch: Optional[bool] = False
+    _sharding: Any = field(default=None, init=False, repr=False)
+
+    def __post_init__(self):
+        self.partition_spec = tuple(self.partition_spec)
+        self._sharding = self.mesh.sharding(self.partition_spec)
+
+    def xla_spec(self, t: torch.Tensor) -> Optional[OpSharding]:
+        if not self.can_apply(t):
+            return None
+        return OpSharding(self._sharding, t.dim())
+
+    def can_apply(self, t: torch.Tensor) -> bool:
+        return len(t.shape) == len(self.partition_spec)
+
+    def apply(self, t: torch.Tensor) -> XLAShardedTensor:
+        _check_spec(t, self.partition_spec)
+        return mark_sharding(t, self.mesh, self.partition_spec)
+
+    @property
+    def jax_sharding(self):
+        return self._sharding
+
+
+def _linear_einsum(x, w):
+    return torch.einsum("...n,mn->...m", x, w)
+
+
+class XLAPatchedLinear(torch.autograd.Function):
+    """`nn.Linear` as einsums, forward and backward, so that sharding annotations on a
+    3-d activation survive (a matmul would flatten it to 2-d)."""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias=None):
+        ctx.save_for_backward(input, weight)
+        ctx.has_bias = bias is not None
+        out = _linear_einsum(input, weight)
+        return out + bias if bias is not None else out
+
+    @staticmethod
+    def backward(ctx, grad):
+        input, weight = ctx.saved_tensors
+        gi = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gi = torch.einsum("...m,mn->...n", grad, weight)
+        if ctx.needs_input_grad[1]:
+            gw = torch.einsum("...m,...n->mn", grad, input)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = grad.reshape(-1, grad.shape[-1]).sum(0)
+        return gi, gw, gb
+
+
+def xla_patched_nn_linear_forward(m: torch.nn.Linear, input: torch.Tensor) -> torch.Tensor:
+    return XLAPatchedLinear.apply(input, m.weight, m.bias)
+
+
+def apply_xla_patch_to_nn_linear(module: torch.nn.Module) -> torch.nn.Module:
+    """Makes every `nn.Linear` in `module` compute through `XLAPatchedLinear`."""
+    import types
+    for m in module.modules():
+        if isinstance(m, torch.nn.Linear):
+            m.forward = types.MethodType(xla_patched_nn_linear_forward, m)
+    return module
+
+
+def send_sharded(t: torch.Tensor, spec: ShardingSpec) -> torch.Tensor:
+    """CPU tensor `t` sent to the device already laid out as `spec` says (one transfer)."""
+    from torch_xla._engine.kernels import values as _values
+    _require_spmd("input_sharding")
+    if t.device.type == "xla":
+        spec.apply(t)
+        return t
+    sh = spec.jax_sharding
+    placement = sh if _sh.divisible(sh, tuple(t.shape)) else None
+    out = _tensor.wrap_user(_values.from_cpu(t, placement=placement))
+    _sh.annotate(out, sh)
+    return out
