@@ -27,6 +27,7 @@ lint: $(STAMP)
 ## The test suite (lint first; fast; slow sweeps are marked and run by `make test-slow`).
 test: lint
 	PJRT_DEVICE=CPU $(VPY) -m pytest -q tests
+	XLA_TEST_SPMD=1 PJRT_DEVICE=CPU CPU_NUM_DEVICES=4 $(VPY) -m pytest -q tests/spmd
 
 test-slow: $(STAMP)
 	PJRT_DEVICE=CPU $(VPY) -m pytest -q -m slow tests

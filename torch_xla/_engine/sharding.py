@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -25,7 +25,8 @@ from . import boot, config, ir, job, mode, runtime, tensor as _tensor
 from .lowering import LOWERINGS
 
 ANNOTATION = "_xla_sharding"  # attribute of an annotated tensor: its NamedSharding
-_annotated: "weakref.WeakSet" = weakref.WeakSet()
+# id -> weak reference of every annotated tensor (tensors compare elementwise: no WeakSet).
+_annotated: Dict[int, "weakref.ref"] = {}
 _state = {"replicated": None}
 
 
@@ -220,7 +221,8 @@ def annotate(t, sharding, in_graph: bool = False) -> None:
     """Annotates tensor `t`: device data is resharded now, a pending value is constrained
     (`in_graph`: device data too, as a constraint in the next graph)."""
     setattr(t, ANNOTATION, sharding)
-    _annotated.add(t)
+    key = id(t)
+    _annotated[key] = weakref.ref(t, lambda _r, k=key: _annotated.pop(k, None))
     inner = _tensor.unwrap(t)
     if inner is not t:
         setattr(inner, ANNOTATION, sharding)
@@ -237,7 +239,7 @@ def clear(t) -> None:
     for x in (t, _tensor.unwrap(t)):
         if hasattr(x, ANNOTATION):
             delattr(x, ANNOTATION)
-    _annotated.discard(t)
+    _annotated.pop(id(t), None)
     s = _tensor.unwrap(t)._xla
     if type(s.node) is ir.DeviceData:
         s.set_data(ir.DeviceData(reshard(s.node.array, replicated_sharding()), (s.shape, s.dtype)))
@@ -250,8 +252,9 @@ def constrain_annotated() -> None:
     """Before a barrier: annotated tensors whose value is pending keep their sharding."""
     if not _annotated:
         return
-    for t in list(_annotated):
-        sh = getattr(t, ANNOTATION, None)
+    for r in list(_annotated.values()):
+        t = r()
+        sh = getattr(t, ANNOTATION, None) if t is not None else None
         if sh is None:
             continue
         try:

@@ -1,0 +1,267 @@
+"""SPMD against eager CPU: layouts, sharded training, zero recompiles, errors."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+import torch_xla
+import torch_xla.core.xla_model as xm
+import torch_xla.debug.metrics as met
+import torch_xla.distributed.parallel_loader as pl
+import torch_xla.distributed.spmd as xs
+import torch_xla.runtime as xr
+from models import Decoder, lm_data, lm_loss
+
+N = xr.global_runtime_device_count()
+
+
+def mesh(shape, names=None):
+    return xs.Mesh(np.arange(N), shape, names)
+
+
+def test_runtime_view():
+    assert xr.is_spmd() and N == 4
+    assert xr.addressable_runtime_device_count() == 4
+    attrs = xr.global_runtime_device_attributes()
+    assert [a["name"] for a in attrs] == [f"CPU:{i}" for i in range(4)]
+    assert torch_xla.device() == torch.device("xla:0")
+
+
+def test_mesh_api_and_errors():
+    m = mesh((2, 2), ("data", "model"))
+    assert list(m.shape().items()) == [("data", 2), ("model", 2)]
+    assert m.size() == 4 and m.get_axis_name_idx("model") == 1
+    assert m.get_logical_mesh().tolist() == [[0, 1], [2, 3]]
+    assert m.get_jax_mesh().shape == {"data": 2, "model": 2}
+    with pytest.raises(AssertionError, match="mesh size"):
+        xs.Mesh(np.arange(4), (2, 4))
+    with pytest.raises(ValueError, match="global number of devices"):
+        xs.Mesh(np.arange(2), (2,))
+    t = torch.zeros(4, 4, device="xla")
+    with pytest.raises(ValueError, match="Partition spec length"):
+        xs.mark_sharding(t, m, ("data",))
+    with pytest.raises(ValueError, match="'batch' is not in the mesh"):
+        xs.mark_sharding(t, m, ("batch", None))
+    with pytest.raises(ValueError, match="used twice"):
+        xs.mark_sharding(t, m, ("data", "data"))
+    g = xs.get_1d_mesh("x")
+    assert g.mesh_shape == (4,) and g.axis_names == ("x",)
+    xs.set_global_mesh(m)
+    assert xs.get_global_mesh() is m
+
+
+def test_hybrid_mesh_single_host():
+    hm = xs.HybridMesh(ici_mesh_shape=(2, 2), axis_names=("a", "b"))
+    assert hm.mesh_shape == (2, 2) and sorted(hm.device_ids.tolist()) == [0, 1, 2, 3]
+    t = torch.arange(16.).reshape(4, 4)
+    x = t.to("xla")
+    xs.mark_sharding(x, hm, ("a", "b"))
+    torch.testing.assert_close((x * 2).cpu(), t * 2)
+
+
+@pytest.mark.parametrize("shape,spec,text", [
+    ((4, 1), (0, 1), "{devices=[4,1]0,1,2,3}"),
+    ((1, 4), (0, 1), "{devices=[1,4]0,1,2,3}"),
+    ((2, 2), (None, 1), "{devices=[1,2,2]0,2,1,3 last_tile_dim_replicate}"),
+    ((2, 2), ((0, 1), None), "{devices=[4,1]0,1,2,3}"),
+    ((4,), (None, None), "{replicated}"),
+])
+def test_sharding_text_and_shards(shape, spec, text):
+    t = torch.arange(64.).reshape(8, 8)
+    x = t.to("xla")
+    xst = xs.mark_sharding(x, mesh(shape), spec)
+    assert torch_xla._XLAC._get_xla_sharding_spec(x) == text
+    shards = xst.local_shards
+    assert len(shards) == 4
+    for s in shards:
+        torch.testing.assert_close(s.unpadded_data, t[s.indices if s.indices is Ellipsis else tuple(s.indices)])
+    # The device buffers really hold the pieces: each device has its shard's shape.
+    arr = torch_xla._engine.tensor.state_of(x).node.array
+    assert sorted(tuple(s.data.shape) for s in arr.addressable_shards) == sorted(
+        tuple(s.data.shape) for s in shards)
+    torch.testing.assert_close(x.cpu(), t)
+
+
+def test_uneven_dimension_is_padded():
+    t = torch.arange(5.)
+    x = t.to("xla")
+    xst = xs.mark_sharding(x, mesh((4,)), (0,))
+    shards = xst.local_shards
+    assert [tuple(s.data.shape) for s in shards] == [(2,)] * 4
+    torch.testing.assert_close(torch.cat([s.unpadded_data for s in shards]), t)
+    torch.testing.assert_close((x + 1).cpu(), t + 1)
+
+
+def test_load_local_shards():
+    t = torch.arange(8.)
+    x = t.to("xla")
+    xst = xs.mark_sharding(x, mesh((4,)), (0,))
+    shards = xst.local_shards
+    for s in shards:
+        s.data *= -1
+    xst.load_local_shards_(shards)
+    torch.testing.assert_close(x.cpu(), -t)
+    with pytest.raises(RuntimeError):
+        xst.load_local_shards_(shards[:-1])
+
+
+def test_pending_value_and_inplace_keep_annotation():
+    t = torch.randn(8, 8)
+    x = t.to("xla")
+    y = x @ x
+    xs.mark_sharding(y, mesh((4, 1)), (0, None))
+    spec = torch_xla._XLAC._get_xla_sharding_spec(y)
+    assert spec == "{devices=[4,1]0,1,2,3}"
+    y.add_(1)
+    xm.mark_step()
+    assert torch_xla._XLAC._get_xla_sharding_spec(y) == spec
+    arr = torch_xla._engine.tensor.state_of(y).node.array
+    assert {tuple(s.data.shape) for s in arr.addressable_shards} == {(2, 8)}
+    torch.testing.assert_close(y.cpu(), t @ t + 1, rtol=1e-5, atol=1e-5)
+
+
+def test_clear_sharding_and_clone():
+    x = torch.randn(4, 8).to("xla")
+    xs.mark_sharding(x, mesh((1, 4)), (0, 1))
+    assert torch_xla._XLAC._get_xla_sharding_spec(x)
+    xs.clear_sharding(x)
+    assert torch_xla._XLAC._get_xla_sharding_spec(x) == ""
+    xs.mark_sharding(x, mesh((1, 4)), (0, 1))
+    with pytest.raises(RuntimeError, match="already sharded"):
+        xs.mark_sharding(x, mesh((4, 1)), (0, 1))
+    xs.mark_sharding(x, mesh((1, 4)), (0, 1))  # the same annotation again is fine
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+def _train(model, shard, steps, batch, lr=0.1, on_step=None):
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(batch, 16, generator=g), torch.randint(0, 4, (batch,), generator=g)) for _ in range(steps)]
+    losses = []
+    for i, (x, y) in enumerate(data):
+        if on_step is not None:
+            on_step(i)
+        if shard is not None:
+            x, y = shard(x, y)
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        if shard is not None:
+            xm.mark_step()
+        losses.append(loss)
+    return [float(v) for v in losses], model
+
+
+@pytest.mark.parametrize("layout", ["data4", "data2_model2"])
+def test_mlp_training_matches_cpu(layout):
+    ref_losses, ref = _train(_mlp(), None, 20, 16)
+    model = _mlp().to("xla")
+    if layout == "data4":
+        m = mesh((4,), ("data",))
+        bspec = ("data", None)
+    else:
+        m = mesh((2, 2), ("data", "model"))
+        bspec = ("data", None)
+        xs.mark_sharding(model[0].weight, m, ("model", None))
+        xs.mark_sharding(model[2].weight, m, (None, "model"))
+
+    def shard(x, y):
+        x, y = x.to("xla"), y.to("xla")
+        xs.mark_sharding(x, m, bspec)
+        xs.mark_sharding(y, m, ("data",))
+        return x, y
+    losses, model = _train(model, shard, 20, 16)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-5)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.cpu(), q, rtol=1e-4, atol=1e-5)
+    if layout == "data2_model2":
+        assert torch_xla._XLAC._get_xla_sharding_spec(model[0].weight) == \
+            "{devices=[2,1,2]0,2,1,3 last_tile_dim_replicate}"
+
+
+def test_steady_loop_compiles_nothing_new():
+    model = _mlp().to("xla")
+    m = mesh((4,), ("data",))
+    xs.mark_sharding(model[0].weight, m, ("data", None))
+
+    def shard(x, y):
+        x, y = x.to("xla"), y.to("xla")
+        xs.mark_sharding(x, m, ("data", None))
+        return x, y
+    seen = {}
+
+    def count(i):
+        seen[i] = met.counter_value("UncachedCompile") or 0
+    _train(model, shard, 10, 16, on_step=count)
+    xm.mark_step()
+    assert seen[3] > 0
+    assert seen[9] == seen[3], seen
+
+
+def test_loader_input_sharding():
+    m = mesh((4,), ("data",))
+    spec = xs.ShardingSpec(m, ("data", None))
+    batches = [(torch.randn(8, 16), torch.randint(0, 4, (8,))) for _ in range(3)]
+    loader = pl.MpDeviceLoader(batches, torch_xla.device(), input_sharding=spec)
+    seen = 0
+    for (x, y), (cx, cy) in zip(loader, batches):
+        assert torch_xla._XLAC._get_xla_sharding_spec(x) == "{devices=[4,1]0,1,2,3}"
+        torch.testing.assert_close(x.cpu(), cx)
+        torch.testing.assert_close(y.cpu(), cy)
+        seen += 1
+    assert seen == 3
+
+
+def test_decoder_2x2_matches_cpu():
+    torch.manual_seed(0)
+    ref = Decoder(n_layers=1)
+    model = copy.deepcopy(ref).to("xla")
+    m = mesh((2, 2), ("data", "model"))
+    for name, p in model.named_parameters():
+        if p.dim() == 2 and p.shape[0] % 2 == 0:
+            xs.mark_sharding(p, m, ("model", None))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ropt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    for idx, tgt in lm_data(4):
+        ropt.zero_grad()
+        rl = lm_loss(ref(idx), tgt)
+        rl.backward()
+        ropt.step()
+        x, y = idx.to("xla"), tgt.to("xla")
+        xs.mark_sharding(x, m, ("data", None))
+        opt.zero_grad()
+        loss = lm_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        xm.mark_step()
+        np.testing.assert_allclose(float(loss), float(rl), rtol=1e-4)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.cpu(), q, rtol=1e-3, atol=1e-4)
+
+
+def test_dtensor_distribute_tensor():
+    from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+    dm = init_device_mesh("xla", mesh_shape=(4,))
+    t = torch.randn(12, 3)
+    d = distribute_tensor(t.to("xla"), dm, [Shard(0)])
+    assert type(d).__name__ == "XLAShardedTensor"
+    assert d.sharding_spec == "{devices=[4,1]0,1,2,3}"
+    assert [tuple(s.data.shape) for s in d.local_shards] == [(3, 3)] * 4
+    torch.testing.assert_close(d.global_tensor.cpu(), t)
+    torch.testing.assert_close((d * 2).global_tensor.cpu(), t * 2)
+
+
+def test_mark_sharding_with_gradients_annotates_the_gradient():
+    m = mesh((4,), ("x",))
+    t = torch.randn(8, 4)
+    x = t.to("xla").requires_grad_(True)
+    y = xs.mark_sharding_with_gradients(x * 1, m, ("x", None))
+    (y.sum() * 3).backward()
+    torch.testing.assert_close(x.grad.cpu(), torch.full((8, 4), 3.0))
