@@ -53,6 +53,11 @@ def _dt(d):
 
 
 def _get_xla_tensors_hlo(tensors: Optional[List[torch.Tensor]]) -> str:
+    """The program computing `tensors`, as XLA HLO text (before SPMD partitioning)."""
+    return executor.lower_text(_roots(tensors), dialect="hlo")
+
+
+def _get_stablehlo_text(tensors: Optional[List[torch.Tensor]]) -> str:
     """The program computing `tensors`, as StableHLO text."""
     return executor.lower_text(_roots(tensors))
 
@@ -125,6 +130,8 @@ def _get_xla_tensor_debug_info(t: torch.Tensor) -> str:
     else:
         lines.append(f"IR: {s.node.op}")
         lines.append("XLAData: None")
+        ann = _sh.annotation(g)
+        lines.append(f"ShardingSpec: {_sh.spec_text(ann, len(s.shape)) if ann is not None else 'None'}")
     lines.append("Tensor on host: None")
     lines.append("}")
     return "\n".join(lines) + "\n"

@@ -165,7 +165,9 @@ def spec_text(sharding, ndim: int) -> str:
     if hs.is_manual():
         return "{manual}"
     dims = hs.tile_assignment_dimensions()
-    devs = hs.tile_assignment_devices()
+    # The tile assignment indexes the sharding's device assignment; print device ids.
+    assignment = sharding._device_assignment
+    devs = [assignment[i].id for i in hs.tile_assignment_devices()]
     tail = " last_tile_dim_replicate" if hs.replicate_on_last_tile_dim() else ""
     return "{devices=[" + ",".join(map(str, dims)) + "]" + ",".join(map(str, devs)) + tail + "}"
 

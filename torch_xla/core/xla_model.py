@@ -282,7 +282,7 @@ def send_cpu_data_to_device(datas, device, input_sharding=None):
 
 def get_stablehlo(tensors: Optional[List[torch.Tensor]] = None) -> str:
     """The StableHLO text of the graph computing `tensors` (all pending tensors if None)."""
-    return torch_xla._XLAC._get_xla_tensors_hlo(tensors)
+    return torch_xla._XLAC._get_stablehlo_text(tensors)
 
 
 def get_stablehlo_bytecode(tensors: Optional[List[torch.Tensor]] = None) -> bytes:

@@ -47,6 +47,8 @@ def execute(states: List[XlaState], barrier: bool = False) -> None:
     graph, strategy = walk(roots)
     args = graph.param_values()
     donate = donatable(graph) if barrier and strategy.donates else ()
+    if donate:
+        metrics.add_sample("InputOutputAliasCount", len(donate))
     args = strategy.to_args(args, graph)
     exe = compiling.lookup(graph.key, donate)
     if exe is None:
@@ -127,9 +129,10 @@ def lowered(roots):
     return compiling.lowered(graph, strategy)
 
 
-def lower_text(roots) -> str:
-    """The StableHLO text of the program computing `roots` (no execution)."""
-    return lowered(roots).as_text()
+def lower_text(roots, dialect: str = "stablehlo") -> str:
+    """The text of the program computing `roots` (no execution): StableHLO, or XLA's
+    HLO (`dialect="hlo"`, with the sharding annotations before partitioning)."""
+    return lowered(roots).as_text(dialect=dialect)
 
 
 def pending_graph_key():

@@ -27,11 +27,7 @@ def xla_distribute_tensor(tensor: torch.Tensor, device_mesh, placements: Optiona
         t = t.global_tensor
     if t.requires_grad and not t.is_leaf:
         t = t.detach().requires_grad_(True)
-    sharded = mark_sharding(t, mesh, spec)
-    if tensor.requires_grad:
-        return XLAShardedTensor(sharded.global_tensor, mesh_shape=mesh.mesh_shape, partition_spec=spec,
-                                requires_grad=True)
-    return sharded
+    return mark_sharding(t, mesh, spec)
 
 
 def xla_distribute_module(module: nn.Module, device_mesh=None, partition_fn: Optional[Callable] = None,

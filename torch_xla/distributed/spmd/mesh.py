@@ -16,7 +16,10 @@ import numpy as np
 import torch
 
 import torch_xla.runtime as xr
+from torch_xla._engine import metrics as _metrics
 from torch_xla._engine import sharding as _sh
+
+_shardings: dict = {}
 
 PartitionSpec = Tuple[Union[int, str, None, Tuple[Union[int, str], ...]], ...]
 
@@ -118,8 +121,15 @@ class Mesh:
         return tuple(out)
 
     def sharding(self, partition_spec: PartitionSpec):
-        """The jax NamedSharding of `partition_spec` over this mesh."""
-        return _sh.named_sharding(self.get_jax_mesh(), self.jax_spec(partition_spec))
+        """The jax NamedSharding of `partition_spec` over this mesh (one object per layout,
+        shared by equal meshes: equal layouts give equal graph keys cheaply)."""
+        key = (tuple(self.device_ids.tolist()), self.mesh_shape, self.axis_names, tuple(
+            tuple(e) if isinstance(e, list) else e for e in partition_spec))
+        sh = _shardings.get(key)
+        if sh is None:
+            sh = _shardings[key] = _sh.named_sharding(self.get_jax_mesh(), self.jax_spec(partition_spec))
+            _metrics.inc("CreateOpSharding")
+        return sh
 
     def get_op_sharding(self, partition_spec: PartitionSpec) -> "OpSharding":
         return OpSharding(self.sharding(partition_spec), len(partition_spec))

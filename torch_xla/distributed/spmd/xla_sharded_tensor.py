@@ -207,8 +207,8 @@ def _dtensor_spec(t: XLAShardedTensor):
     from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
     from torch.distributed.tensor.placement_types import Replicate, Shard
     if t.mesh_shape is None or t.partition_spec is None:
-        raise ValueError("this XLAShardedTensor has no mesh shape / partition spec (make it with "
-                         "mark_sharding, or wrap_as_sharded_tensor(t, mesh_shape, partition_spec))")
+        raise ValueError("XLAShardedTensor requires mesh_shape and partition_spec to be set. "
+                         "Use mark_sharding() to properly initialize sharding information.")
     n = int(np.prod(t.mesh_shape))
     mesh = DeviceMesh("xla", torch.arange(n).reshape(t.mesh_shape))
     placements = []
