@@ -15,6 +15,7 @@ import torch
 
 from . import executor, job
 from .kernels import engine_op
+from .tensor import replace_state, state_of
 
 _REDUCE_TYPES = ("sum", "mul", "and", "or", "min", "max")
 
@@ -56,6 +57,11 @@ def all_reduce(reduce_type, inputs, scale=1.0, groups=None):
 
 
 def all_gather(value, dim=0, groups=None, output=None):
+    if isinstance(value, (list, tuple)):  # coalesced: one gather per tensor, in one graph
+        if output is not None and len(output) != len(value):
+            raise ValueError(f"`output` length doesn't match `input` length: {len(output)} vs {len(value)}.")
+        outs = [all_gather(v, dim, groups, None if output is None else output[i]) for i, v in enumerate(value)]
+        return output if output is not None else outs
     g = _groups(groups)
     n = _group_size(g)
     dim = dim % max(value.dim(), 1)
@@ -94,6 +100,35 @@ def reduce_scatter(reduce_type, input, scale, scatter_dim, shard_count, groups=N
             _assign(o, r)
         return output
     return res if isinstance(input, (list, tuple)) else res[0]
+
+
+def optimization_barrier_(tensors) -> None:
+    """Each tensor takes its value through one XLA optimization barrier (in place)."""
+    tensors = [t for t in tensors if isinstance(t, torch.Tensor) and t.device.type == "xla"]
+    if not tensors:
+        return
+    outs = engine_op("xla::optimization_barrier", tensors, (), [(tuple(t.shape), t.dtype) for t in tensors])
+    for t, o in zip(tensors, outs):
+        replace_state(t, state_of(o))
+
+
+def bucketized(fn: Callable, inputs, output, bucket_cap_mb: float):
+    """Calls `fn(bucket, bucket_output)` on consecutive runs of `inputs` holding at most
+    `bucket_cap_mb` MiB (a larger tensor is a bucket of its own); results in order."""
+    inputs = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
+    outputs = None if output is None else ([output] if isinstance(output, torch.Tensor) else list(output))
+    if outputs is not None and len(outputs) != len(inputs):
+        raise ValueError(f"`output` length doesn't match `input` length: {len(outputs)} vs {len(inputs)}.")
+    cap = bucket_cap_mb * 1024 * 1024
+    res, start, size = [], 0, 0
+    for i, t in enumerate(inputs + [None]):
+        nbytes = 0 if t is None else t.numel() * t.element_size()
+        if i > start and (t is None or size + nbytes > cap):
+            got = fn(inputs[start:i], None if outputs is None else outputs[start:i])
+            res.extend(got)
+            start, size = i, 0
+        size += nbytes
+    return res
 
 
 def all_to_all(value, split_dimension, concat_dimension, split_count, groups=None):

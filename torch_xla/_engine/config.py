@@ -51,6 +51,8 @@ _VARS = [
         "`0`: do not cache the meta checks of in-place elementwise ops under functionalization"),
     Var("PT_XLA_FUNCTIONALIZE_COPY", "bool", True,
         "`0`: keep PyTorch's Functionalize kernel of `copy_` (then `cpu.copy_(xla)` fails)"),
+    Var("PT_XLA_FUNCTIONALIZE_TO_COPY", "bool", True,
+        "`0`: keep PyTorch's Functionalize kernel of `_to_copy` (`x.to(dtype)` is then unwrapped)"),
     Var("PT_XLA_LAZY_DYNAMO_DISABLE", "bool", True,
         "`0`: let PyTorch's meta kernels import `torch._dynamo` on their first call"),
     Var("TORCH_XLA_JAX_PROCESS_ID", "int", None, "set by the launcher: this process's rank", cached=False),

@@ -69,6 +69,11 @@ class DeviceModule:
         rng.set_seed(int(state.reshape(-1)[0]))
 
     @staticmethod
+    def get_amp_supported_dtype():
+        """The dtypes `torch.autocast("xla", dtype=...)` accepts."""
+        return [torch.bfloat16, torch.float16, torch.float32]
+
+    @staticmethod
     def synchronize(device=None) -> None:
         executor.sync(wait=True)
 
@@ -80,5 +85,8 @@ def register() -> None:
     _done = True
     torch.utils.rename_privateuse1_backend("xla")
     torch._register_device_module("xla", DeviceModule())
+    # PyTorch/XLA's default autocast dtype (PrivateUse1's is float16); thread-local state
+    # of the importing thread.
+    torch.set_autocast_dtype("xla", torch.bfloat16)
     torch._C._acc.register_python_privateuseone_hook(_Hooks())
     torch._C._acc.register_python_privateuseone_device_guard(_Guard())

@@ -39,7 +39,8 @@ REGISTRY: List[Patch] = [
           "(`torch.xla`), hooks and a device guard", "import", None,
           "the `xla` device itself; affects xla tensors only"),
     Patch("xla_kernels", "`torch.library` kernels for the PrivateUse1 / AutogradPrivateUse1 / "
-          "QuantizedPrivateUse1 keys and a PrivateUse1 fallback", "import", None,
+          "QuantizedPrivateUse1 / AutocastPrivateUse1 keys, a PrivateUse1 fallback and an "
+          "AutocastPrivateUse1 fallthrough", "import", None,
           "the xla device's ops; affects xla tensors only"),
     Patch("functionalize_copy", "the Functionalize kernel of `aten::copy_`", "import",
           "PT_XLA_FUNCTIONALIZE_COPY",
@@ -47,6 +48,12 @@ REGISTRY: List[Patch] = [
           "reaches functionalization with a plain destination and a functional source, which "
           "PyTorch refuses for every device but DeviceType::XLA; the kernel reads the source "
           "first and otherwise does what PyTorch's does"),
+    Patch("functionalize_to_copy", "the Functionalize kernel of `aten::_to_copy`", "import",
+          "PT_XLA_FUNCTIONALIZE_TO_COPY",
+          "PyTorch's kernel leaves `x.to(dtype)` unwrapped for every device but XLA and Lazy; "
+          "autograd's copy of such a tensor saved as an output (relu, tanh, exp) loses the "
+          "lazy value and the backward fails. Ours wraps results on the xla device and "
+          "otherwise does what PyTorch's does"),
     Patch("lean_inplace_meta", "the Meta kernels of ~15 in-place elementwise ops (`add_`, "
           "`mul_`, `addcmul_`, `lerp_`...)", "import", "PT_XLA_LEAN_INPLACE_META",
           "functionalization checks every in-place op by running PyTorch's Python meta kernel "

@@ -30,6 +30,21 @@ def next_op() -> tuple:
     return _state["seed"], next(_state["counter"])
 
 
+def snapshot() -> tuple:
+    """The generator's position: the next random op draws what it would draw now."""
+    with _lock:
+        n = next(_state["counter"])
+        _state["counter"] = itertools.count(n)
+        return _state["seed"], n, _state["node"]
+
+
+def restore(snap: tuple) -> None:
+    """Returns the generator to a `snapshot()` (e.g. to replay a checkpointed forward)."""
+    with _lock:
+        _state["seed"], n, _state["node"] = snap
+        _state["counter"] = itertools.count(n)
+
+
 def advance_step() -> None:
     """Called at each barrier: a new seed for the next step, op numbers from zero."""
     with _lock:

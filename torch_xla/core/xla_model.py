@@ -150,6 +150,28 @@ def reduce_scatter(reduce_type: str, input, scale: float, scatter_dim: int, shar
                                          groups=groups, output=output)
 
 
+def all_gather_bucketized(input_list: List[torch.Tensor], dim: int = 0, groups=None, output=None,
+                          pin_layout: bool = False, bucket_cap_mb: float = 160) -> List[torch.Tensor]:
+    """`all_gather` of a list, in buckets of at most `bucket_cap_mb` MiB."""
+    return _collectives().bucketized(lambda i, o: all_gather(i, dim=dim, groups=groups, output=o),
+                                     input_list, output, bucket_cap_mb)
+
+
+def reduce_scatter_bucketized(reduce_type: str, input_list, scale: float, scatter_dim: int, shard_count: int,
+                              groups=None, output=None, pin_layout: bool = False,
+                              bucket_cap_mb: float = 160) -> List[torch.Tensor]:
+    """`reduce_scatter` of a list, in buckets of at most `bucket_cap_mb` MiB."""
+    return _collectives().bucketized(
+        lambda i, o: reduce_scatter(reduce_type, i, scale, scatter_dim, shard_count, groups=groups, output=o),
+        input_list, output, bucket_cap_mb)
+
+
+def optimization_barrier_(tensors: List[torch.Tensor]) -> None:
+    """Blocks the XLA compiler from moving computations across this point (in place):
+    keeps common-subexpression elimination from undoing gradient checkpointing."""
+    _collectives().optimization_barrier_(tensors)
+
+
 def all_to_all(value, split_dimension: int, concat_dimension: int, split_count: int, groups=None,
                pin_layout: bool = True):
     """XLA AllToAll over the replicas."""
@@ -159,6 +181,11 @@ def all_to_all(value, split_dimension: int, concat_dimension: int, split_count: 
 def collective_permute(value, pairs):
     """Sends `value` from source to target replica for each (source, target) pair."""
     return _collectives().collective_permute(value, pairs)
+
+
+def _fetch_gradients(optimizer) -> List[torch.Tensor]:
+    """The gradients of `optimizer`'s parameters (those that have one)."""
+    return [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
 
 
 def reduce_gradients(optimizer, groups=None, pin_layout: bool = True) -> None:

@@ -8,8 +8,11 @@
   transfers, copies, batch norm, Scalar[] foreach overloads), and the CPU fallback for
   every other op (`fallback`);
 - AutogradPrivateUse1: the derivative of `_fft_r2c` (`handwritten`);
+- AutocastPrivateUse1: `torch.autocast("xla")`'s op policy (`autocast`), a fallthrough
+  for every other op; the GradScaler ops are PrivateUse1 kernels (`amp`);
 - QuantizedPrivateUse1: `empty_quantized`, refused by dtype;
-- Functionalize: `copy_` (`functionalize`, patch registry entry `functionalize_copy`);
+- Functionalize: `copy_` and `_to_copy` (`functionalize`, patch registry entries
+  `functionalize_copy`, `functionalize_to_copy`);
 - Meta: lean checks of in-place elementwise ops under functionalization (`meta`, entry
   `lean_inplace_meta`).
 """
@@ -22,7 +25,7 @@ import torch
 from .. import ir, patches
 from ..lowering import LOWERINGS, load_all
 from ..tensor import make_tensor, state_of, wrap_user
-from . import decompositions, functionalize, handwritten as hw, library, meta, mutating, values
+from . import amp, autocast, decompositions, functionalize, handwritten as hw, library, meta, mutating, values
 from .fallback import cpu_fallback, fallback_kernel
 from .op_kernel import KERNELS, OpKernel, freeze
 from .specialise import entry_point
@@ -80,12 +83,19 @@ def register() -> None:
         library.impl(name, fn, "PrivateUse1")
     for name, fn in hw.foreach_scalarlist_kernels().items():
         library.impl(name, fn, "PrivateUse1")
+    for name, fn in amp.KERNELS.items():
+        library.impl(name, fn, "PrivateUse1")
+    for name, fn in autocast.kernels().items():
+        library.impl(name, fn, "AutocastPrivateUse1")
+    library.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
     library.fallback(fallback_kernel, "PrivateUse1")
     library.impl("_fft_r2c", hw.k_fft_r2c_autograd, "AutogradPrivateUse1")
     # Quantized CPU tensors reach the device through empty_quantized: refuse by dtype.
     library.impl("empty_quantized", hw.k_empty_quantized, "QuantizedPrivateUse1")
     if patches.enabled("functionalize_copy") and functionalize.schema_matches():
         library.override("copy_", functionalize.functionalize_copy_, "Functionalize")
+    if patches.enabled("functionalize_to_copy") and functionalize.to_copy_schema_matches():
+        library.override("_to_copy", functionalize.functionalize_to_copy, "Functionalize")
     if patches.enabled("lean_inplace_meta"):
         for name, fn in meta.kernels().items():
             library.override(name, fn, "Meta")

@@ -1,4 +1,5 @@
-"""The Functionalize kernel of `aten::copy_` (patch registry entry `functionalize_copy`).
+"""The Functionalize kernels of `aten::copy_` and `aten::_to_copy` (patch registry entries
+`functionalize_copy`, `functionalize_to_copy`).
 
 `cpu.copy_(xla)` reaches functionalization with a plain destination and a functional
 source: `load_state_dict` into a CPU model, and DDP's C++ code
@@ -6,6 +7,12 @@ source: `load_state_dict` into a CPU model, and DDP's C++ code
 that for every device but DeviceType::XLA ("mutating a non-functional tensor with a
 functional tensor is not allowed"); ours is PrivateUse1 named "xla". This kernel does what
 PyTorch's does and, in that case, reads the source to the destination's device first.
+
+`x.to(dtype)` of an xla tensor: PyTorch's `_to_copy` kernel returns a plain (unwrapped)
+tensor for every device but XLA and Lazy. A plain tensor saved by autograd as an output
+(relu, tanh, exp save their result) is shallow-copied without our state, so the backward
+failed ("has no XLA data"): our kernel wraps results on the xla device, as PyTorch does
+for XLA.
 """
 from __future__ import annotations
 
@@ -41,5 +48,30 @@ def functionalize_copy_(self, src, non_blocking=False):
     return self
 
 
+def functionalize_to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+                          memory_format=None):
+    if torch._is_functional_tensor(self):
+        torch._sync(self)
+        self_ = torch._from_functional_tensor(self)
+    else:
+        self_ = self
+    with _skip_functionalize():
+        out = torch.ops.aten._to_copy.default(self_, dtype=dtype, layout=layout, device=device,
+                                              pin_memory=pin_memory, non_blocking=non_blocking,
+                                              memory_format=memory_format)
+    if out.device.type != "xla" and not torch._C._dispatch_tls_is_dispatch_key_included(
+            torch._C.DispatchKey.Functionalize):
+        return out
+    return torch._to_functional_tensor(out)
+
+
+TO_COPY_SCHEMA = ("aten::_to_copy(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, "
+                  "bool? pin_memory=None, bool non_blocking=False, MemoryFormat? memory_format=None) -> Tensor")
+
+
 def schema_matches() -> bool:
     return str(torch.ops.aten.copy_.default._schema) == SCHEMA
+
+
+def to_copy_schema_matches() -> bool:
+    return str(torch.ops.aten._to_copy.default._schema) == TO_COPY_SCHEMA

@@ -128,3 +128,9 @@ def collective_permute(x, pairs):
     if axis is None:
         return x if any(s == t for s, t in pairs) else jnp.zeros_like(x)
     return lax.ppermute(x, axis, perm=list(pairs))
+
+
+@lowering("xla::optimization_barrier")
+def optimization_barrier(*xs):
+    """The values unchanged, but XLA may not move computations across (nor CSE through)."""
+    return tuple(lax.optimization_barrier(tuple(xs)))

@@ -1,0 +1,48 @@
+"""`gradient_accumulation`: accumulate gradients over the leading dimension of inputs.
+
+PyTorch/XLA builds one XLA While loop; here the loop is traced into the step's graph
+(one iteration per slice), with the same results: gradients summed into `.grad` of the
+model's parameters, the losses (each divided by the number of steps) summed.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Tuple, Union
+
+import torch
+
+__all__ = ["gradient_accumulation"]
+
+
+def gradient_accumulation(train_step: Callable[..., Any], iterable_tensors: Tuple[torch.Tensor, ...],
+                          model: torch.nn.Module, *carried_tensors: torch.Tensor
+                          ) -> Union[torch.Tensor, Tuple[torch.Tensor, ...]]:
+    """Runs `train_step(*slices, *carried)` for each index of the leading dimension of
+    `iterable_tensors`, back-propagating `loss / steps` each time.
+
+    train_step returns the loss, or (loss, *new_carried) when carried tensors are given.
+    Returns the accumulated loss, followed by the final carried tensors if any."""
+    if not iterable_tensors:
+        raise ValueError("iterable_tensors cannot be empty")
+    steps = iterable_tensors[0].size(0)
+    for i, t in enumerate(iterable_tensors):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"Element {i} of iterable_tensors is not a tensor")
+        if t.numel() == 0:
+            raise ValueError(f"Element {i} of iterable_tensors is empty")
+        if t.size(0) != steps:
+            raise ValueError(f"Element {i} of iterable_tensors has inconsistent first dimension")
+    carried = tuple(carried_tensors)
+    total = None
+    for i in range(steps):
+        result = train_step(*(t[i] for t in iterable_tensors), *carried)
+        if carried:
+            loss, *rest = result
+            if len(rest) != len(carried):
+                raise ValueError(f"train_step returned {len(rest)} carried tensors, expected {len(carried)}")
+            carried = tuple(rest)
+        else:
+            loss = result
+        loss = loss / steps
+        loss.backward()
+        total = loss.detach() if total is None else total + loss.detach()
+    return (total, *carried) if carried else total
