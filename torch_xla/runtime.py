@@ -83,8 +83,12 @@ def use_spmd(auto: Optional[bool] = False) -> None:
     if auto:
         raise ValueError("use_spmd(auto=True): automatic sharding is not available; annotate tensors "
                          "with mark_sharding instead")
-    _sharding.enable()
     _config.update({"XLA_USE_SPMD": "1"})
+    try:
+        _sharding.enable()
+    except BaseException:
+        _config.update({"XLA_USE_SPMD": ""})
+        raise
 
 
 def is_spmd() -> bool:
@@ -100,8 +104,8 @@ def addressable_runtime_device_count() -> int:
 def global_runtime_device_attributes() -> List[Dict[str, object]]:
     """One dict per device of the job: name (`CPU:0`), kind, process index, coordinates."""
     out = []
-    for d in _sharding.global_devices():
-        attrs = {"name": f"{_rt.platform()}:{d.id}", "kind": d.device_kind, "process_index": d.process_index}
+    for i, d in enumerate(_sharding.global_devices()):
+        attrs = {"name": f"{_rt.platform()}:{i}", "kind": d.device_kind, "process_index": d.process_index}
         for k in ("coords", "core_on_chip", "slice_index"):
             v = getattr(d, k, None)
             if v is not None:

@@ -32,8 +32,9 @@ def _configure_env() -> None:
     if pjrt == "CPU":
         config.set_default("JAX_PLATFORMS", "cpu")
         n = config.get("CPU_NUM_DEVICES")
-        # Only in a single process: in a multi-process job each process owns one device.
-        if n and job.world_size() <= 1:
+        # In a single process, or one process per host of an SPMD job (XLA_USE_SPMD); in a
+        # multi-process replication job each process owns one device.
+        if n and (job.world_size() <= 1 or (config.get("XLA_USE_SPMD") and not job.in_launched_child())):
             config.add_xla_flag(f"xla_force_host_platform_device_count={int(n)}")
     elif pjrt in _PLATFORMS:
         config.set_default("JAX_PLATFORMS", _PLATFORMS[pjrt])

@@ -173,10 +173,12 @@ def warm_up(jax) -> None:
     from jax.sharding import NamedSharding, PartitionSpec as P
     mesh = replica_mesh(jax)
     world = mesh.devices.size
-    local = jax.local_devices()[0]
+    # Device k of the mesh contributes k + 1 (a process may own several devices: SPMD).
+    pos = {d: k for k, d in enumerate(mesh.devices.flat)}
+    local = sorted(jax.local_devices(), key=lambda d: pos[d])
     x = jax.make_array_from_single_device_arrays(
         (world,), NamedSharding(mesh, P("r")),
-        [jax.device_put(np.full((1,), global_ordinal() + 1, np.int32), local)])
+        [jax.device_put(np.full((1,), pos[d] + 1, np.int32), d) for d in local])
     fn = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "r"), mesh=mesh, in_specs=P("r"),
                                out_specs=P("r"), check_vma=False))
     got = int(np.asarray(fn(x).addressable_shards[0].data)[0])

@@ -167,6 +167,10 @@ def fetch(array) -> np.ndarray:
     """Waits for a device buffer and copies it to the host (a sharded one is gathered)."""
     if _state["placement"] is not None and not array.is_fully_replicated:
         metrics.inc("ReplicateShardedData")
+        if not array.is_fully_addressable:
+            # Other hosts hold some pieces: gather them (every host calls this together).
+            from jax.experimental import multihost_utils
+            return np.asarray(multihost_utils.process_allgather(array, tiled=True))
     return np.asarray(array)
 
 

@@ -36,7 +36,9 @@ def enable() -> None:
     """Turns SPMD mode on for this process (idempotent)."""
     if mode.SPMD[0]:
         return
-    jax = runtime.jax_module()
+    jax = runtime.jax_module()  # may enable SPMD itself (XLA_USE_SPMD, boot's after_start)
+    if mode.SPMD[0]:
+        return
     if job.in_launched_child():
         raise RuntimeError(
             "xr.use_spmd() cannot be mixed with the multi-process replication API "
@@ -62,9 +64,19 @@ def is_on() -> bool:
 
 
 def global_devices() -> list:
-    """Every device of the job, in global id order."""
-    jax = runtime.jax_module()
-    return sorted(jax.devices(), key=lambda d: d.id)
+    """Every device of the job, host by host: logical device i is `global_devices()[i]`
+    (jax's own ids need not be 0..n-1: a second host's CPU devices start at 2048)."""
+    if _state.get("devices") is None:
+        jax = runtime.jax_module()
+        _state["devices"] = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+        _state["logical"] = {d: i for i, d in enumerate(_state["devices"])}
+    return _state["devices"]
+
+
+def logical_id(device) -> int:
+    """The logical id (position in `global_devices()`) of a jax device."""
+    global_devices()
+    return _state["logical"][device]
 
 
 def replicated_sharding(jax=None):
@@ -82,8 +94,8 @@ def replicated_sharding(jax=None):
 def jax_mesh(device_ids: Sequence[int], mesh_shape: Tuple[int, ...], axis_names: Tuple[str, ...]):
     """The jax `Mesh` of logical device ids laid out in `mesh_shape`."""
     from jax.sharding import Mesh
-    by_id = {d.id: d for d in global_devices()}
-    devs = np.array([by_id[int(i)] for i in np.asarray(device_ids).reshape(-1)],
+    every = global_devices()
+    devs = np.array([every[int(i)] for i in np.asarray(device_ids).reshape(-1)],
                     dtype=object).reshape(mesh_shape)
     return Mesh(devs, tuple(axis_names))
 
@@ -116,7 +128,7 @@ def dim_parts(sharding, ndim: int) -> List[int]:
 
 
 def shard_layout(sharding, shape: Tuple[int, ...]):
-    """Per device, in device id order: (device, index slices, replica id, padded shape).
+    """Per device, in logical id order: (device, index slices, replica id, padded shape).
 
     Uneven dimensions are cut in pieces of ceil(n / parts); the last pieces are padded
     (and may be empty), as XLA pads them inside a partitioned program."""
@@ -149,7 +161,7 @@ def shard_layout(sharding, shape: Tuple[int, ...]):
         for a in free:
             rep = rep * mesh.shape[a] + at[a]
         out.append((dev, tuple(index), rep, tuple(padded)))
-    out.sort(key=lambda r: r[0].id)
+    out.sort(key=lambda r: logical_id(r[0]))
     return out
 
 
@@ -167,7 +179,7 @@ def spec_text(sharding, ndim: int) -> str:
     dims = hs.tile_assignment_dimensions()
     # The tile assignment indexes the sharding's device assignment; print device ids.
     assignment = sharding._device_assignment
-    devs = [assignment[i].id for i in hs.tile_assignment_devices()]
+    devs = [logical_id(assignment[i]) for i in hs.tile_assignment_devices()]
     tail = " last_tile_dim_replicate" if hs.replicate_on_last_tile_dim() else ""
     return "{devices=[" + ",".join(map(str, dims)) + "]" + ",".join(map(str, devs)) + tail + "}"
 

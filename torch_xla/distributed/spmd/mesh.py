@@ -204,7 +204,7 @@ class HybridMesh(Mesh):
         hosts = sorted({d.process_index for d in devices})
         _check(math.prod(dcn) == len(hosts),
                f"dcn_mesh_shape {dcn} has {math.prod(dcn)} hosts, the job has {len(hosts)}")
-        per_host = [[d.id for d in devices if d.process_index == h] for h in hosts]
+        per_host = [[i for i, d in enumerate(devices) if d.process_index == h] for h in hosts]
         _check(all(len(p) == math.prod(ici) for p in per_host),
                f"ici_mesh_shape {ici} needs {math.prod(ici)} devices per host, hosts have "
                f"{[len(p) for p in per_host]}")

@@ -79,7 +79,7 @@ def local_shards_of(g: torch.Tensor) -> List[XLAShard]:
     for dev, data, index, rep in pieces:
         idx = Ellipsis if _sh.is_replicated(sh) or (full and all(
             s.start == 0 and s.stop == n for s, n in zip(index, shape))) else list(index)
-        out.append(XLAShard(_rt.from_numpy(data, g.dtype), idx, f"{_rt.platform()}:{dev.id}", rep))
+        out.append(XLAShard(_rt.from_numpy(data, g.dtype), idx, f"{_rt.platform()}:{_sh.logical_id(dev)}", rep))
     return out
 
 
@@ -96,7 +96,7 @@ def load_local_shards(g: torch.Tensor, shards: List[XLAShard]) -> None:
                            f"got {len(shards)}")
     for (dev, index, rep, padded), s in zip(layout, shards):
         if tuple(s.data.shape) != padded:
-            raise RuntimeError(f"load_local_shards_: the shard for device {dev.id} has shape "
+            raise RuntimeError(f"load_local_shards_: the shard for device {_sh.logical_id(dev)} has shape "
                                f"{tuple(s.data.shape)}, expected {padded}")
     jax = _rt.jax_module()
     dd = _rt.device_dtype(g.dtype)
