@@ -14,7 +14,7 @@ def device(index: Optional[int] = None) -> torch.device:
     """Returns a given instance of an XLA device (`xla:0` by default)."""
     if index is None:
         index = 0
-    n = len(runtime.local_devices())
+    n = runtime.device_count()
     if index < 0 or index >= max(n, 1):
         raise ValueError(f"xla device index {index} out of range: this process has {n} device(s)")
     return torch.device("xla", index)
@@ -22,18 +22,18 @@ def device(index: Optional[int] = None) -> torch.device:
 
 def devices() -> List[torch.device]:
     """All XLA devices visible to this process."""
-    return [torch.device("xla", i) for i in range(len(runtime.local_devices()))]
+    return [torch.device("xla", i) for i in range(runtime.device_count())]
 
 
 def device_count() -> int:
     """The number of XLA devices visible to this process."""
-    return len(runtime.local_devices())
+    return runtime.device_count()
 
 
 def real_devices() -> List[str]:
     """The hardware devices behind the XLA devices, e.g. ['CPU:0']."""
     p = runtime.platform()
-    return [f"{p}:{i}" for i in range(len(runtime.local_devices()))]
+    return [f"{p}:{i}" for i in range(runtime.device_count())]
 
 
 def is_xla_tensor(t: Any) -> bool:

@@ -32,8 +32,8 @@ def local_device_count() -> int:
 
 
 def addressable_device_count() -> int:
-    """Number of devices visible to this process."""
-    return len(_rt.local_devices())
+    """Number of devices visible to this process (SPMD: the one virtual device)."""
+    return _rt.device_count()
 
 
 def global_device_count() -> int:
@@ -92,8 +92,8 @@ def use_spmd(auto: Optional[bool] = False) -> None:
 
 
 def is_spmd() -> bool:
-    """Whether SPMD mode is on."""
-    return _mode.SPMD[0]
+    """Whether SPMD mode is on (`use_spmd()` sets `XLA_USE_SPMD`, which this reads)."""
+    return _mode.SPMD[0] and bool(_config.get("XLA_USE_SPMD"))
 
 
 def addressable_runtime_device_count() -> int:

@@ -50,7 +50,7 @@ class DeviceModule:
 
     @staticmethod
     def device_count() -> int:
-        return len(runtime.local_devices())
+        return runtime.device_count()
 
     @staticmethod
     def manual_seed_all(seed: int) -> None:

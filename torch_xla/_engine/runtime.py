@@ -11,7 +11,7 @@ import numpy as np
 import ml_dtypes
 import torch
 
-from . import boot, config, metrics
+from . import boot, config, metrics, mode
 
 _state = {"devices": None, "platform": None, "placement": None}
 
@@ -36,6 +36,12 @@ def local_devices():
         jax = jax_module()
         _state["devices"] = list(jax.local_devices())
     return _state["devices"]
+
+
+def device_count() -> int:
+    """The `xla:N` devices this process shows: its devices, or one virtual device in SPMD
+    mode (where a program spans all of them)."""
+    return 1 if mode.SPMD[0] else len(local_devices())
 
 
 def default_device():

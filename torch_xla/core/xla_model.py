@@ -41,6 +41,14 @@ def xla_device_hw(device: Union[str, torch.device]) -> str:
     return runtime.platform()
 
 
+def xla_replication_devices(local_devices: Optional[List[Union[str, torch.device]]] = None) -> List[str]:
+    """The real devices a replicated program runs on, for these local xla devices."""
+    real = xla_real_devices(local_devices)
+    if len(real) != len(set(real)):
+        raise RuntimeError(f"the devices {local_devices} map to the same real device more than once")
+    return real
+
+
 def xla_real_devices(devices: Optional[List[Union[str, torch.device]]] = None) -> List[str]:
     real = torch_xla.real_devices()
     if devices is None:

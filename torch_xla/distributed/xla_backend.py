@@ -29,6 +29,7 @@ import torch_xla.core.xla_model as xm
 import torch_xla.runtime as xr
 from .._engine import collectives as _coll
 from .._engine import job as _job
+from .._engine import mode as _mode
 from .._engine import runtime as _runtime
 from .._engine import tensor as _tensor
 
@@ -498,6 +499,7 @@ def _start_runtime() -> None:
 
 def make_xla_process_group(store, rank, size, timeout):
     """The creator registered for the `xla` backend (called by init_process_group/new_group)."""
+    _refuse_in_spmd()
     world = xr.world_size()
     if size < world:
         raise NotImplementedError(
@@ -509,8 +511,20 @@ def make_xla_process_group(store, rank, size, timeout):
     return ProcessGroupXla(store, rank, size, timeout)
 
 
+class SpmdProcessGroupError(RuntimeError, AssertionError):
+    """The `xla` process group belongs to the multi-process replication API, not SPMD."""
+
+
+def _refuse_in_spmd() -> None:
+    if _mode.SPMD[0]:
+        raise SpmdProcessGroupError(
+            "the 'xla' process group is for one process per device (torch_xla.launch / xmp.spawn); in SPMD "
+            "mode (xr.use_spmd()) one program spans every device: annotate tensors with mark_sharding instead")
+
+
 def _xla_rendezvous_handler(url: str, timeout=None, **kwargs):
     """`xla://`: rank and world size from the runtime, store on the coordination service."""
+    _refuse_in_spmd()
     _job.check_environment()
     rank, size = xr.global_ordinal(), xr.world_size()
     query = parse_qs(urlparse(url).query)
