@@ -116,10 +116,17 @@ def _get_xla_tensor_debug_info(t: torch.Tensor) -> str:
     lines = ["XLATensor {", f"TensorID: {id(s)}",
              f"Device: {'SPMD:0' if _mode.SPMD[0] else 'xla:0'}",
              f"XLA Shape: {_dt(s.dtype)}[{','.join(map(str, s.shape))}]"]
+    if type(s.node) is ir.DeviceData and not hasattr(s.node.array, "addressable_shards"):
+        lines.append("IR: None")
+        lines.append("XLAData: None")
+        lines.append("ShardingSpec: None")
+        lines.append(f"Tensor on host: with size [{', '.join(map(str, s.shape))}]")
+        lines.append("}")
+        return "\n".join(lines) + "\n"
     if type(s.node) is ir.DeviceData:
         arr = s.node.array
         sharded = _mode.SPMD[0] and len(arr.sharding.device_set) > 1
-        lines.append("IR: None")
+        lines.append("IR: xla::device_data")
         lines.append("XLAShardedData" if sharded else "XLAData:")
         lines.append(f"  Data Device: {'SPMD:0' if _mode.SPMD[0] else 'xla:0'}")
         lines.append(f"  Data Shape: {_dt(s.dtype)}[{','.join(map(str, s.shape))}]")

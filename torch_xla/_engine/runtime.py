@@ -158,15 +158,57 @@ def from_numpy(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(np.array(a, copy=True))
 
 
+class HostArray:
+    """SPMD device data still on the host: it is transferred once, at its first use by a
+    program (replicated) or at its annotation (only the pieces each device holds), so a
+    model never needs a full copy on every device before it is sharded."""
+    __slots__ = ("host", "sharding", "__weakref__")
+    is_fully_replicated = True
+    is_fully_addressable = True
+
+    def __init__(self, host: np.ndarray, sharding):
+        self.host = host
+        self.sharding = sharding  # where it goes by default
+
+    @property
+    def shape(self):
+        return self.host.shape
+
+    @property
+    def dtype(self):
+        return self.host.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self.host.nbytes
+
+    def __array__(self, dtype=None, copy=None):
+        return self.host if dtype is None else self.host.astype(dtype)
+
+    def block_until_ready(self):
+        return self
+
+    def place(self, sharding=None):
+        """The data on the devices, laid out as `sharding` (default: replicated)."""
+        metrics.inc("VirtualDeviceUsage")
+        with metrics.timed("TransferToDeviceTime"):
+            return jax_module().device_put(self.host, sharding or self.sharding)
+
+
 def set_placement(sharding) -> None:
-    """Where new device data goes by default (SPMD: replicated over every device)."""
+    """Where new device data goes by default (SPMD: replicated over every device, placed
+    at its first use)."""
     _state["placement"] = sharding
 
 
 def put(host: np.ndarray, device=None):
-    """Starts an asynchronous host-to-device transfer; returns the jax.Array."""
+    """Starts an asynchronous host-to-device transfer; returns the jax.Array (in SPMD mode
+    without an explicit placement: a `HostArray`, transferred at first use)."""
+    if device is None and _state["placement"] is not None:
+        return HostArray(host, _state["placement"])
     jax = jax_module()
-    return jax.device_put(host, device or _state["placement"] or default_device())
+    with metrics.timed("TransferToDeviceTime"):
+        return jax.device_put(host, device or default_device())
 
 
 def fetch(array) -> np.ndarray:

@@ -203,6 +203,8 @@ def reshard(array, sharding):
     jax = runtime.jax_module()
     if not divisible(sharding, tuple(array.shape)):
         sharding = replicated_sharding()
+    if type(array) is runtime.HostArray:
+        return array.place(sharding)
     if array.sharding == sharding:
         return array
     return jax.device_put(array, sharding)
@@ -210,6 +212,8 @@ def reshard(array, sharding):
 
 def on_mesh(array):
     """`array` on every device: data placed before SPMD mode moves to the replicated layout."""
+    if type(array) is runtime.HostArray:
+        return array
     if len(array.sharding.device_set) == 1 and len(global_devices()) > 1:
         return reshard(array, replicated_sharding())
     return array

@@ -105,13 +105,21 @@ class Spmd(Local):
     execute_metric = "ExecuteReplicatedTime"
 
     def to_args(self, args, graph: Graph):
-        # Data placed before SPMD mode (on one device) joins the mesh, replicated.
-        return [sharding.on_mesh(a) if hasattr(a, "addressable_shards") else a for a in args]
+        # Host data goes to the devices now (once: the leaf keeps the placed array); data
+        # placed before SPMD mode (on one device) joins the mesh, replicated.
+        out = []
+        for a, p in zip(args, graph.params):
+            if type(a) is runtime.HostArray:
+                a = p.array = a.place()
+            elif hasattr(a, "addressable_shards"):
+                a = sharding.on_mesh(a)
+            out.append(a)
+        return out
 
     def jit_options(self, graph: Graph, args) -> dict:
         """Without device data among the inputs jax would place the program on one device:
         its outputs are then replicated over all devices, or laid out as constrained."""
-        if any(hasattr(a, "addressable_shards") for a in args):
+        if any(hasattr(a, "addressable_shards") or type(a) is runtime.HostArray for a in args):
             return {}
         rep = sharding.replicated_sharding()
         outs = []

@@ -235,12 +235,12 @@ def apply_backward_optimization_barrier(m: torch.nn.Module) -> torch.nn.Module:
     """Puts an optimization barrier on the gradients leaving `m` in the backward pass, so
     that XLA does not hoist the next layer's all-gathers over this layer's computation
     (which would keep every layer's full parameters alive at once)."""
-    import torch_xla.core.xla_model as xm
+    from torch_xla._engine import collectives as _coll
 
     def barrier(module, grad_input, grad_output):
         grads = [g for g in grad_input if isinstance(g, torch.Tensor)]
         if grads:
-            xm.optimization_barrier_(grads)
+            _coll.optimization_barrier_(grads)
         return grad_input
 
     m.register_full_backward_hook(barrier)
