@@ -156,3 +156,9 @@ def _get_local_shards(tensors: List[torch.Tensor]):
     from .distributed.spmd.xla_sharded_tensor import local_shards_of
     return [[(s.data, s.shard_device) for s in local_shards_of(getattr(t, "global_tensor", t))]
             for t in tensors]
+
+
+def _global_tensor_from_cpu_shards(shards, sharding, global_shape=None) -> torch.Tensor:
+    """An xla tensor from one CPU piece per device, laid out as `sharding` (an OpSharding)."""
+    from .distributed.spmd.xla_sharding import global_tensor_from_cpu_shards
+    return global_tensor_from_cpu_shards(shards, sharding, global_shape)

@@ -265,3 +265,24 @@ def test_mark_sharding_with_gradients_annotates_the_gradient():
     y = xs.mark_sharding_with_gradients(x * 1, m, ("x", None))
     (y.sum() * 3).backward()
     torch.testing.assert_close(x.grad.cpu(), torch.full((8, 4), 3.0))
+
+
+def test_global_tensor_from_cpu_shards():
+    m = mesh((2, 2))
+    t = torch.arange(20.).reshape(4, 5)
+    sh = m.get_op_sharding((0, 1))
+    x = t.to("xla")
+    shards = xs.mark_sharding(x, m, (0, 1)).local_shards  # padded: 5 columns over 2
+    g = torch_xla._XLAC._global_tensor_from_cpu_shards([s.data for s in shards], sh, t.shape)
+    torch.testing.assert_close(g.cpu(), t)
+    assert torch_xla._XLAC._get_xla_sharding_spec(g) == "{devices=[2,2]0,1,2,3}"
+    with pytest.raises(RuntimeError):
+        torch_xla._XLAC._global_tensor_from_cpu_shards([s.data for s in shards[:-1]], sh, t.shape)
+
+
+def test_minibatch_needs_divisible_host_batch():
+    spec = xs.ShardingSpec(mesh((4,), ("data",)), ("data", None), minibatch=True)
+    x = xm.send_cpu_data_to_device([torch.ones(8, 2)], torch_xla.device(), input_sharding=spec)[0]
+    torch.testing.assert_close(x.cpu(), torch.ones(8, 2))
+    with pytest.raises(RuntimeError, match="divisible by local runtime device count"):
+        xm.send_cpu_data_to_device([torch.ones(6, 2)], torch_xla.device(), input_sharding=spec)

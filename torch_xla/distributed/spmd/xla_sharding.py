@@ -225,8 +225,30 @@ def send_sharded(t: torch.Tensor, spec: ShardingSpec) -> torch.Tensor:
         spec.apply(t)
         return t
     sh = spec.jax_sharding
+    if getattr(spec, "minibatch", False):
+        return _send_minibatch(t, sh)
     placement = sh if _sh.divisible(sh, tuple(t.shape)) else None
     out = _tensor.wrap_user(_values.from_cpu(t, placement=placement))
+    _sh.annotate(out, sh)
+    return out
+
+
+def _send_minibatch(t: torch.Tensor, sh) -> torch.Tensor:
+    """This host's part of a global batch: dimension 0 of the global tensor is every host's
+    batch, in process order."""
+    from torch_xla._engine import ir as _ir
+    from torch_xla._engine import runtime as _rt
+    local = len(_rt.local_devices())
+    if t.dim() == 0 or t.shape[0] % local:
+        raise RuntimeError("When minibatch is configured, the per-host batch size must be divisible by local "
+                           f"runtime device count. Per host input data shape = {tuple(t.shape)}, local runtime "
+                           f"device count = {local}")
+    jax = _rt.jax_module()
+    host = _rt.to_numpy(t).astype(_rt.device_dtype(t.dtype))
+    arr = jax.make_array_from_process_local_data(sh, host)
+    shape = tuple(arr.shape)
+    inner = _tensor.make_tensor(_ir.DeviceData(arr, (shape, t.dtype)), 0, shape, t.dtype)
+    out = _tensor.wrap_user(inner)
     _sh.annotate(out, sh)
     return out
 
@@ -245,3 +267,43 @@ def apply_backward_optimization_barrier(m: torch.nn.Module) -> torch.nn.Module:
 
     m.register_full_backward_hook(barrier)
     return m
+
+
+def global_tensor_from_cpu_shards(shards, op_sharding: OpSharding, global_shape=None) -> torch.Tensor:
+    """An xla tensor assembled from one CPU piece per device (logical id order, padded as
+    `local_shards` gives them), laid out as `op_sharding`. `global_shape` defaults to the
+    pieces put together; a smaller one treats the rest as padding."""
+    _require_spmd("_global_tensor_from_cpu_shards")
+    sh = op_sharding.jax_sharding
+    if _sh.is_replicated(sh):  # replication fits any rank
+        sh = _sh.replicated_sharding()
+    n = len(_sh.global_devices())
+    if len(shards) != n:
+        raise RuntimeError(f"expected {n} shards (one per device), got {len(shards)}")
+    piece = tuple(shards[0].shape)
+    if any(tuple(s.shape) != piece for s in shards):
+        raise RuntimeError("every shard must have the same shape")
+    parts = _sh.dim_parts(sh, len(piece))
+    if global_shape is None:
+        global_shape = tuple(p * k for p, k in zip(piece, parts))
+    global_shape = tuple(int(d) for d in global_shape)
+    if len(global_shape) != len(piece):
+        raise RuntimeError(f"global shape {global_shape} and shard shape {piece} differ in rank")
+    for g, p, k in zip(global_shape, piece, parts):
+        if -(-g // k) != p:
+            raise RuntimeError(f"global shape {global_shape} does not split into shards of shape {piece} "
+                               f"over {parts} pieces")
+    out = torch.empty(global_shape, dtype=shards[0].dtype)
+    for (dev, index, rep, padded), s in zip(_sh.shard_layout(sh, global_shape), shards):
+        out[index] = s[tuple(slice(0, i.stop - i.start) for i in index)]
+    return send_sharded(out, _SpecOf(sh))
+
+
+class _SpecOf:
+    """A ShardingSpec-like holder of a ready jax sharding (for `send_sharded`)."""
+
+    def __init__(self, sharding):
+        self.jax_sharding = sharding
+
+    def can_apply(self, t) -> bool:
+        return True
