@@ -162,3 +162,28 @@ def _global_tensor_from_cpu_shards(shards, sharding, global_shape=None) -> torch
     """An xla tensor from one CPU piece per device, laid out as `sharding` (an OpSharding)."""
     from .distributed.spmd.xla_sharding import global_tensor_from_cpu_shards
     return global_tensor_from_cpu_shards(shards, sharding, global_shape)
+
+
+# ---- the coordination service and preemption (distributed checkpoints) ------------------------
+
+def _ensure_xla_coordinator_initialized(global_rank: int, world_size: int, master_addr: str,
+                                        port: Optional[int] = None) -> None:
+    """Starts the job's coordination service: the runtime joins it when it starts (jax.distributed);
+    nothing is left to do here."""
+    from ._engine import runtime as _rt
+    _rt.jax_module()
+
+
+def _activate_preemption_sync_manager() -> None:
+    from .experimental.distributed_checkpoint import _preemption
+    _preemption.activate()
+
+
+def _deactivate_preemption_sync_manager() -> None:
+    from .experimental.distributed_checkpoint import _preemption
+    _preemption.deactivate()
+
+
+def _sync_point_reached(step: int) -> bool:
+    from .experimental.distributed_checkpoint import _preemption
+    return _preemption.sync_point_reached(step)

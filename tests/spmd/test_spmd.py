@@ -286,3 +286,27 @@ def test_minibatch_needs_divisible_host_batch():
     torch.testing.assert_close(x.cpu(), torch.ones(8, 2))
     with pytest.raises(RuntimeError, match="divisible by local runtime device count"):
         xm.send_cpu_data_to_device([torch.ones(6, 2)], torch_xla.device(), input_sharding=spec)
+
+
+@pytest.mark.parametrize("specs", [((0, 1), (0, None)), ((1, 0), (None, None))])
+def test_2x2_layouts_train_with_adamw_like_cpu(specs):
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+    model = copy.deepcopy(ref).to("xla")
+    m = mesh((2, 2))
+    xs.mark_sharding(model[0].weight, m, specs[0])
+    xs.mark_sharding(model[2].weight, m, specs[1])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ropt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(5)
+    for _ in range(4):
+        x = torch.randn(8, 16, generator=g)
+        ropt.zero_grad()
+        ref(x).square().mean().backward()
+        ropt.step()
+        opt.zero_grad()
+        model(x.to("xla")).square().mean().backward()
+        opt.step()
+        xm.mark_step()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.cpu(), q, rtol=1e-4, atol=1e-5)

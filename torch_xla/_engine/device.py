@@ -29,8 +29,40 @@ class _Guard(torch._C._acc.DeviceGuard):
         return torch._C._autograd.DeviceType.PrivateUse1
 
 
+class Stream:
+    """The device's one stream: work is ordered by the graphs themselves, so waiting on
+    it means waiting for every launched program."""
+
+    def synchronize(self) -> None:
+        executor.sync(wait=True)
+
+    def wait_stream(self, other: "Stream") -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+
+_STREAM = Stream()
+
+
 class DeviceModule:
     """`torch.xla`: what PyTorch asks a device module for."""
+
+    @staticmethod
+    def current_stream(device=None) -> Stream:
+        return _STREAM
+
+    @staticmethod
+    def default_stream(device=None) -> Stream:
+        return _STREAM
+
+    @staticmethod
+    def stream(s):
+        import contextlib
+        return contextlib.nullcontext(s)
+
+    Stream = Stream
 
     @staticmethod
     def is_initialized() -> bool:

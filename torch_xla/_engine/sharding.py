@@ -80,13 +80,23 @@ def logical_id(device) -> int:
 
 
 def replicated_sharding(jax=None):
-    """Replicated over every device (the default placement of SPMD device data)."""
+    """Replicated over every device (the default placement of SPMD device data).
+
+    Not a NamedSharding on a mesh of our own: jax expresses a program's outputs on the
+    mesh of its first named input, and a private 1-d mesh cannot express the layouts of
+    the user's meshes."""
     if _state["replicated"] is not None:
         return _state["replicated"]
     jax = jax or runtime.jax_module()
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
-    devs = np.array(global_devices())
-    return NamedSharding(Mesh(devs, ("_all",)), PartitionSpec())
+    return gspmd(None, global_devices())
+
+
+def gspmd(sharding, devices=None, ndim: int = 0):
+    """The mesh-free (GSPMD) form of `sharding`; replicated over `devices` when None."""
+    from jax._src.sharding_impls import GSPMDSharding
+    if sharding is None:
+        return GSPMDSharding.get_replicated(tuple(devices))
+    return GSPMDSharding(sharding._device_assignment, sharding._to_xla_hlo_sharding(ndim))
 
 
 # ---- meshes and shardings -------------------------------------------------------------------
@@ -118,6 +128,11 @@ def divisible(sharding, shape: Tuple[int, ...]) -> bool:
 
 def dim_parts(sharding, ndim: int) -> List[int]:
     """How many pieces each dimension is cut into."""
+    if not hasattr(sharding, "mesh"):
+        hs = sharding._to_xla_hlo_sharding(ndim)
+        if hs.is_replicated():
+            return [1] * ndim
+        return list(hs.tile_assignment_dimensions())[:ndim]
     mesh = sharding.mesh
     spec = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
     out = []
@@ -132,6 +147,8 @@ def shard_layout(sharding, shape: Tuple[int, ...]):
 
     Uneven dimensions are cut in pieces of ceil(n / parts); the last pieces are padded
     (and may be empty), as XLA pads them inside a partitioned program."""
+    if not hasattr(sharding, "mesh"):
+        return _layout_of_array_sharding(sharding, shape)
     mesh = sharding.mesh
     ndim = len(shape)
     spec = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
@@ -162,6 +179,20 @@ def shard_layout(sharding, shape: Tuple[int, ...]):
             rep = rep * mesh.shape[a] + at[a]
         out.append((dev, tuple(index), rep, tuple(padded)))
     out.sort(key=lambda r: logical_id(r[0]))
+    return out
+
+
+def _layout_of_array_sharding(sharding, shape: Tuple[int, ...]):
+    """`shard_layout` of a mesh-free sharding (an array's own: even pieces)."""
+    parts = dim_parts(sharding, len(shape))
+    padded = tuple(-(-n // p) for n, p in zip(shape, parts))
+    seen = {}
+    out = []
+    for dev, index in sorted(sharding.devices_indices_map(tuple(shape)).items(), key=lambda kv: logical_id(kv[0])):
+        index = tuple(slice(s.start or 0, n if s.stop is None else s.stop, 1) for s, n in zip(index, shape))
+        key = tuple((s.start, s.stop) for s in index)
+        rep = seen[key] = seen.get(key, -1) + 1
+        out.append((dev, index, rep, padded))
     return out
 
 

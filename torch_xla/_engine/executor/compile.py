@@ -44,10 +44,18 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple) -> Executable:
     pol.before_compile()
     t0 = time.perf_counter()
     with metrics.timed("CompileTime"):
-        lowered = jax.jit(fn, donate_argnums=donate, keep_unused=True,
-                          **strategy.jit_options(graph, args)).lower(*args)
         opts = pol.compiler_options(graph.op_avals())
-        compiled = lowered.compile(compiler_options=opts) if opts else lowered.compile()
+        try:
+            lowered = jax.jit(fn, donate_argnums=donate, keep_unused=True,
+                              **strategy.jit_options(graph, args)).lower(*args)
+            compiled = lowered.compile(compiler_options=opts) if opts else lowered.compile()
+        except Exception as e:  # noqa: BLE001
+            retry = getattr(strategy, "retry_options", None)
+            again = retry(graph, args, e) if retry is not None else None
+            if again is None:
+                raise
+            lowered = jax.jit(fn, donate_argnums=donate, keep_unused=True, **again).lower(*args)
+            compiled = lowered.compile(compiler_options=opts) if opts else lowered.compile()
     metrics.inc("UncachedCompile")
     if pkey is not None:
         persistent.store(pkey, compiled)

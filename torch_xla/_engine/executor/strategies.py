@@ -127,6 +127,19 @@ class Spmd(Local):
             outs.append(n.args[1] if type(n) is ir.Node and n.op == "xla::sharding_constraint" else rep)
         return {"out_shardings": tuple(outs)}
 
+    def retry_options(self, graph: Graph, args, error: Exception):
+        """jax expresses outputs on the mesh of the first named input; when a result's
+        layout does not fit that mesh, compile again with mesh-free input shardings."""
+        if type(error).__name__ != "IndivisibleError":
+            return None
+        ins = []
+        for a, p in zip(args, graph.params):
+            if hasattr(a, "sharding") and hasattr(a, "addressable_shards"):
+                ins.append(sharding.gspmd(a.sharding, ndim=a.ndim))
+            else:
+                ins.append(sharding.replicated_sharding())
+        return {"in_shardings": tuple(ins), **self.jit_options(graph, args)}
+
 
 LOCAL = Local()
 REPLICATED = Replicated()

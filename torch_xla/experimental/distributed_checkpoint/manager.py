@@ -149,8 +149,7 @@ class CheckpointManager:
             fs, raw_tmp = url_to_fs(tmp)
             try:
                 dist_cp.save(state_dict=state_dict,
-                             storage_writer=FsspecWriter(tmp, thread_count=self.num_of_threads,
-                                                         per_thread_copy_ahead=0),
+                             storage_writer=FsspecWriter(tmp, thread_count=self.num_of_threads),
                              planner=SPMDSavePlanner(), process_group=self.pg,
                              no_dist=not self._distributed)
                 metadata = _CheckpointMetadata(step=step, ts=time.time())
