@@ -102,12 +102,18 @@ def reduce_scatter(reduce_type, input, scale, scatter_dim, shard_count, groups=N
     return res if isinstance(input, (list, tuple)) else res[0]
 
 
+def optimization_barrier(tensors) -> List[torch.Tensor]:
+    """New tensors holding the values of `tensors` (xla tensors) through one XLA
+    optimization barrier: what follows cannot be computed before all of them exist."""
+    return engine_op("xla::optimization_barrier", list(tensors), (), [(tuple(t.shape), t.dtype) for t in tensors])
+
+
 def optimization_barrier_(tensors) -> None:
     """Each tensor takes its value through one XLA optimization barrier (in place)."""
     tensors = [t for t in tensors if isinstance(t, torch.Tensor) and t.device.type == "xla"]
     if not tensors:
         return
-    outs = engine_op("xla::optimization_barrier", tensors, (), [(tuple(t.shape), t.dtype) for t in tensors])
+    outs = optimization_barrier(tensors)
     for t, o in zip(tensors, outs):
         replace_state(t, state_of(o))
 

@@ -329,4 +329,7 @@ def __getattr__(name: str):
     if name == "RateTracker":
         from ._rate import RateTracker
         return RateTracker
+    if name == "ToXlaTensorArena":
+        from ._arena import ToXlaTensorArena
+        return ToXlaTensorArena
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
