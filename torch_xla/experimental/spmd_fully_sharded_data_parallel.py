@@ -72,7 +72,8 @@ class SpmdFullyShardedDataParallel(nn.Module):
         if mesh.axis_names is None or "fsdp" not in mesh.axis_names:
             raise ValueError(f"FSDPv2 needs a mesh axis named 'fsdp'; the mesh's axes are {mesh.axis_names}")
         if extra_data_axis and extra_data_axis not in mesh.axis_names:
-            raise ValueError(f"extra_data_axis {extra_data_axis!r} is not an axis of the mesh {mesh.axis_names}")
+            raise ValueError(f"The provided {extra_data_axis} axis is not in the mesh (extra_data_axis; the "
+                             f"mesh's axes are {mesh.axis_names})")
         super().__init__()
         if auto_wrap_policy is not None:
             from torch_xla.distributed.fsdp.wrap import recursive_wrap
