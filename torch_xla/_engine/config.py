@@ -35,7 +35,10 @@ _VARS = [
     Var("XLA_NO_SPECIAL_SCALARS", "bool", False,
         "make 0 and 1 graph parameters like every other Python scalar"),
     Var("XLA_NO_DONATION", "bool", False, "never donate the buffers of overwritten tensors"),
-    Var("XLA_USE_SPMD", "bool", False, "SPMD mode (`xr.use_spmd()`)", cached=False),
+    Var("XLA_USE_SPMD", "bool", False,
+        "SPMD mode (`xr.use_spmd()`): one program over every device, partitioned by XLA from "
+        "`mark_sharding` annotations; in a job of one process per host, each host's process gets "
+        "`CPU_NUM_DEVICES` CPU devices", cached=False),
     Var("XLA_FLAGS", "str", "", "XLA's own flags, passed to the compiler", cached=False),
     Var("XLA_COLLECTIVE_TIMEOUT_S", "int", 1800,
         "seconds a process waits for its peers (job start, collectives, shutdown)"),
