@@ -9,7 +9,7 @@ Contenders, each in a fresh subprocess with CPU_NUM_DEVICES=devices:
 - `single`: no SPMD, one device, the whole batch.
 Reported: per-device bytes of parameters + optimizer state (the largest device, from
 the device buffers' shards), step time (median of rounds, each ended by a host read of
-the loss), the first and last loss (equal starts, same data: the runs must agree), and
+the loss), the process's peak RSS (all "devices" share the host), the first and last loss (equal starts, same data: the runs must agree), and
 compilations after warm-up (must be 0). On the CPU the "devices" share two cores, so
 step times compare the programs' overhead, not a speed-up.
 """
@@ -106,15 +106,15 @@ def main() -> None:
     base = results["single"].get("param_state_mb")
     print(f"\n{common.command_line()}\n")
     print("| contender | devices | params + optimizer state per device (MB) | vs one device | step (ms) "
-          "| first loss | last loss | recompiles after warm-up |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| first loss | last loss | recompiles after warm-up | peak RSS (MB) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for c, r in results.items():
         if "error" in r:
             print(f"| {c} | error: {r['error'][:120]} |")
             continue
         print(f"| {c} | {r['devices'] if c != 'single' else 1} | {r['param_state_mb']:.2f} | "
               f"{r['param_state_mb'] / base:.2f} | {r['step_ms']:.1f} | {r['first_loss']:.4f} | "
-              f"{r['last_loss']:.4f} | {r['recompiles_after_warmup']} |")
+              f"{r['last_loss']:.4f} | {r['recompiles_after_warmup']} | {r['peak_rss_mb']:.0f} |")
 
 
 if __name__ == "__main__":
