@@ -187,3 +187,33 @@ def _deactivate_preemption_sync_manager() -> None:
 def _sync_point_reached(step: int) -> bool:
     from .experimental.distributed_checkpoint import _preemption
     return _preemption.sync_point_reached(step)
+
+
+def _spmd_full_to_shard_shape(t: torch.Tensor) -> torch.Tensor:
+    """Each device's piece of annotated tensor `t`, as a per-device value (manual region)."""
+    from ._engine import sharding as _sh
+    return _sh.full_to_shard(getattr(t, "global_tensor", t))
+
+
+def _spmd_shard_to_full_shape(t: torch.Tensor, sharding, full_shape, dtype=None) -> torch.Tensor:
+    """The global tensor of `full_shape` whose per-device pieces are the values of manual `t`."""
+    from ._engine import sharding as _sh
+    return _sh.shard_to_full(getattr(t, "global_tensor", t), sharding.jax_sharding, tuple(full_shape))
+
+
+def OpSharding(tile_assignment, group_assignment, replication_groups, sharding_type):
+    """A concrete sharding from the original's pieces: REPLICATED, or TILED with a tile
+    assignment (the nested list of device ids, one axis per tensor dimension)."""
+    import numpy as np
+    from .distributed.spmd.mesh import Mesh, OpSharding as _OpSharding, ShardingType
+    from ._engine import sharding as _sh
+    kind = ShardingType(int(sharding_type))
+    if kind == ShardingType.REPLICATED:
+        return _OpSharding(_sh.replicated_sharding(), 0)
+    if kind == ShardingType.TILED:
+        tiles = np.asarray(tile_assignment)
+        names = tuple(f"_t{i}" for i in range(tiles.ndim))
+        mesh = Mesh(tiles.reshape(-1), tiles.shape, names)
+        return mesh.get_op_sharding(names)
+    raise ValueError(f"OpSharding of type {kind.name} cannot be built from its pieces here; use "
+                     f"Mesh.get_op_sharding(partition_spec)")

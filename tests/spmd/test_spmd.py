@@ -310,3 +310,31 @@ def test_2x2_layouts_train_with_adamw_like_cpu(specs):
         xm.mark_step()
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p.cpu(), q, rtol=1e-4, atol=1e-5)
+
+
+def test_manual_sharding_region_matches_cpu():
+    m = mesh((1, 4))
+    xs.set_global_mesh(m)
+    t = torch.arange(32.).reshape(8, 4)
+    x = t.to("xla")
+    xx = xs.enable_manual_sharding(x, (None, 1))
+    assert tuple(xx.shape) == (8, 1) and xx.sharding_spec == "{manual}"
+    assert xx.sharding_type == xs.ShardingType.MANUAL
+    # Per device: its column's cumulative sum, then back to a global (8, 4) tensor.
+    y = torch.cumsum(xx.global_tensor, 0) * 2
+    z = xs.disable_manual_sharding(y, (None, 1), (8, 4))
+    assert z.sharding_spec == "{devices=[1,4]0,1,2,3}"
+    torch.testing.assert_close(z.global_tensor.cpu(), torch.cumsum(t, 0) * 2)
+    with pytest.raises(RuntimeError, match="device data"):
+        xs._mark_manual_sharding(torch.zeros(2, 2).to("xla"))
+    with pytest.raises(RuntimeError, match="not manually sharded"):
+        torch_xla._XLAC._spmd_shard_to_full_shape(x + 1, m.get_op_sharding((None, 1)), (8, 4), x.dtype)
+
+
+def test_per_device_value_cannot_leave_its_region():
+    m = mesh((4,))
+    x = torch.ones(8).to("xla")
+    xs.mark_sharding(x, m, (0,))
+    inside = torch_xla._XLAC._spmd_full_to_shard_shape(x) + 1
+    with pytest.raises(RuntimeError, match="manual sharding region"):
+        inside.cpu()

@@ -335,3 +335,68 @@ def set_array(t, array) -> None:
     """Makes `array` (laid out as it is) the value of xla tensor `t`."""
     s = _tensor.unwrap(t)._xla
     s.set_data(ir.DeviceData(array, (s.shape, s.dtype)))
+
+
+# ---- manual regions ----------------------------------------------------------------------------
+#
+# Between `full_to_shard` (or `mark_manual`) and `shard_to_full` the program is written per
+# device: each device sees its own piece. The executor lowers each such region as a
+# `shard_map` over the mesh (`executor/manual.py`).
+
+MANUAL = "_xla_manual"  # attribute of a tensor whose value is per-device (inside a region)
+MANUAL_OPS = ("xla::full_to_shard", "xla::manual")
+
+
+def _new(state, op: str, args: tuple, shape, dtype):
+    node = ir.Node(op, ((state.node, state.idx),), (ir.ref(0),) + args, ((tuple(shape), dtype),),
+                   LOWERINGS[op], None)
+    return _tensor.wrap_user(_tensor.make_tensor(node, 0, tuple(shape), dtype))
+
+
+def is_manual(t) -> bool:
+    return getattr(t, MANUAL, False) or (_tensor.is_functional(t) and getattr(_tensor.unwrap(t), MANUAL, False))
+
+
+def full_to_shard(t):
+    """The piece of `t` each device holds under its annotation, as a per-device value."""
+    sh = annotation(t)
+    if sh is None or not hasattr(sh, "mesh"):
+        raise RuntimeError("full_to_shard: the tensor has no sharding annotation (mark_sharding it first)")
+    shape = tuple(t.shape)
+    if not divisible(sh, shape):
+        raise RuntimeError(f"a manual sharding region needs every sharded dimension to split evenly: shape "
+                           f"{shape} over {dim_parts(sh, len(shape))} pieces")
+    local = tuple(n // p for n, p in zip(shape, dim_parts(sh, len(shape))))
+    out = _new(_tensor.state_of(t), "xla::full_to_shard", (sh,), local, t.dtype)
+    setattr(out, MANUAL, True)
+    return out
+
+
+def mark_manual(t):
+    """Declares pending value `t` per-device (each device's piece is what it computed)."""
+    s = _tensor.state_of(t)
+    if type(s.node) is ir.DeviceData:
+        raise RuntimeError("_mark_manual_sharding: device data has a global layout already; only a value "
+                           "computed inside a manual region can be marked manual")
+    if is_manual(t) and s.node.op in MANUAL_OPS:
+        return t
+    out = _new(s, "xla::manual", (), t.shape, t.dtype) if not is_manual(t) else t
+    setattr(out, MANUAL, True)
+    return out
+
+
+def shard_to_full(t, sharding, full_shape: Tuple[int, ...]):
+    """The global value of `full_shape` whose pieces, laid out as `sharding`, are the
+    per-device values of `t`."""
+    if not is_manual(t):
+        raise RuntimeError("shard_to_full: the tensor is not manually sharded (_mark_manual_sharding it, or "
+                           "use disable_manual_sharding)")
+    full_shape = tuple(int(d) for d in full_shape)
+    parts = dim_parts(sharding, len(full_shape)) if len(full_shape) else []
+    want = tuple(n // p for n, p in zip(full_shape, parts)) if parts else full_shape
+    if tuple(t.shape) != want or any(n % p for n, p in zip(full_shape, parts)):
+        raise RuntimeError(f"shard_to_full: per-device shape {tuple(t.shape)} does not make {full_shape} laid out "
+                           f"in {parts} pieces")
+    out = _new(_tensor.state_of(t), "xla::shard_to_full", (sharding, full_shape), full_shape, t.dtype)
+    setattr(out, ANNOTATION, sharding)
+    return out

@@ -5,6 +5,7 @@ import numpy as np
 
 from .. import ir, runtime
 from ..lowering import LoweringError, apply, ctx as lowering_ctx
+from . import manual
 from .graph import Graph
 
 
@@ -33,6 +34,10 @@ def build_fn(graph: Graph, patch_convolutions: bool):
     import jax.numpy as jnp
     order, slot, index = graph.order, graph.slot, graph.index
     root_pos = [(index[id(n)], i) for n, i in graph.roots]
+    try:
+        regions = manual.plan(graph)
+    except manual.ManualRegionError as e:
+        raise GraphCompileError(str(e)) from None
     plan = []
     for n in order:
         t = type(n)
@@ -41,6 +46,11 @@ def build_fn(graph: Graph, patch_convolutions: bool):
         elif t is ir.Constant:
             shape, dt = n.avals[0]
             plan.append(("c", np.asarray(n.value, dtype=runtime.device_dtype(dt)), None))
+        elif regions is not None and id(n) in regions.skip:
+            plan.append(("s", None, None))  # per-device: lowered inside its region
+        elif regions is not None and id(n) in regions.exits:
+            region = regions.exits[id(n)]
+            plan.append(("x", region, tuple((index[id(o)], i) for o, i in region.inputs)))
         else:
             plan.append(("n", n, tuple((index[id(o)], i) for o, i in n.operands)))
 
@@ -52,6 +62,10 @@ def build_fn(graph: Graph, patch_convolutions: bool):
                 vals[pos] = (params[a],)
             elif kind == "c":
                 vals[pos] = (jnp.asarray(a),)
+            elif kind == "s":
+                continue
+            elif kind == "x":
+                vals[pos] = (a.lower([vals[p][i] for p, i in ops], lower_node),)
             else:
                 try:
                     vals[pos] = lower_node(a, [vals[p][i] for p, i in ops])

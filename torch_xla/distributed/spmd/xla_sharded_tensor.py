@@ -152,6 +152,8 @@ class XLAShardedTensor(DTensor):
 
     @property
     def sharding_type(self):
+        if _sh.is_manual(self.global_tensor):
+            return ShardingType.MANUAL
         t = sharding_type_of(_sh.annotation(self.global_tensor) or _sh.data_sharding(self.global_tensor),
                              self.global_tensor.dim())
         return ShardingType.REPLICATED if t is None else t
@@ -223,6 +225,8 @@ def _dtensor_spec(t: XLAShardedTensor):
 
 def sharding_text(g: torch.Tensor) -> str:
     """The original's sharding text of xla tensor `g` ('' when it has no sharding)."""
+    if _sh.is_manual(g):
+        return "{manual}"
     sh = _sh.annotation(g)
     if sh is None:
         data = _sh.data_sharding(g)

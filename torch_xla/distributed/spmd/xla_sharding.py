@@ -307,3 +307,39 @@ class _SpecOf:
 
     def can_apply(self, t) -> bool:
         return True
+
+
+def _mark_manual_sharding(t: Union[torch.Tensor, XLAShardedTensor]) -> XLAShardedTensor:
+    """Declares a computed value per-device: each device's piece is what it computed."""
+    _require_spmd("_mark_manual_sharding")
+    return XLAShardedTensor(_sh.mark_manual(_raw(t)))
+
+
+def enable_manual_sharding(t: Union[torch.Tensor, XLAShardedTensor], partition_spec: PartitionSpec, *,
+                           mesh: Optional[Mesh] = None) -> XLAShardedTensor:
+    """Enters a manual region: `t` is laid out by `partition_spec` and each device then
+    computes on its own piece (per-device shapes) until `disable_manual_sharding`."""
+    _require_spmd("enable_manual_sharding")
+    mesh = mesh or get_global_mesh()
+    if mesh is None:
+        raise RuntimeError("enable_manual_sharding needs a mesh (the mesh= argument or xs.set_global_mesh)")
+    raw = _raw(t)
+    spec = _check_spec(raw, partition_spec)
+    if _sh.annotation(raw) != mesh.sharding(spec):
+        if _sh.annotation(raw) is not None:
+            _sh.clear(raw)
+        mark_sharding(raw, mesh, spec)
+    return XLAShardedTensor(_sh.full_to_shard(raw))
+
+
+def disable_manual_sharding(t: Union[torch.Tensor, XLAShardedTensor], partition_spec: PartitionSpec,
+                            full_shape, *, mesh: Optional[Mesh] = None) -> XLAShardedTensor:
+    """Leaves a manual region: the per-device pieces `t` form a global tensor of
+    `full_shape` laid out by `partition_spec`."""
+    _require_spmd("disable_manual_sharding")
+    mesh = mesh or get_global_mesh()
+    if mesh is None:
+        raise RuntimeError("disable_manual_sharding needs a mesh (the mesh= argument or xs.set_global_mesh)")
+    raw = _sh.mark_manual(_raw(t))
+    full = _sh.shard_to_full(raw, mesh.sharding(tuple(partition_spec)), tuple(full_shape))
+    return XLAShardedTensor(full, mesh_shape=mesh.mesh_shape, partition_spec=tuple(partition_spec))
