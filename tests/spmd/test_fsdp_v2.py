@@ -90,3 +90,67 @@ def test_fsdp_v2_errors():
     wrapped = FSDPv2(_model(), _mesh())
     with pytest.raises(RuntimeError, match="already wrapped"):
         FSDPv2(wrapped, _mesh())
+
+
+class _Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x)) + x
+
+
+class _Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(_Block() for _ in range(3))
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x, y):
+        for b in self.blocks:
+            x = b(x)
+        return nn.functional.cross_entropy(self.head(x), y, reduction="none")
+
+
+def test_documented_samples_auto_wrap_checkpoint_and_shard_output():
+    import functools
+
+    from torch_xla.distributed.fsdp import checkpoint_module
+    from torch_xla.distributed.fsdp.wrap import transformer_auto_wrap_policy
+    torch.manual_seed(0)
+    ref = _Net()
+    mesh = _mesh()
+    g = torch.Generator().manual_seed(2)
+    x_cpu, y_cpu = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
+    ref_loss = ref(x_cpu, y_cpu).sum()
+    ref_loss.backward()
+
+    def shard_output(output, mesh):
+        xs.mark_sharding(output, mesh, ("fsdp",))
+
+    for build in ("auto_wrap", "checkpoint", "shard_output"):
+        my_module = copy.deepcopy(ref).to("xla")
+        for p in my_module.parameters():
+            p.grad = None
+        if build == "auto_wrap":
+            policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={_Block})
+            model = FSDPv2(my_module, mesh=mesh, auto_wrap_policy=policy)
+            assert isinstance(model.module.blocks[0], FSDPv2)
+        elif build == "checkpoint":
+            # Reentrant checkpointing (as the CPU's): a block whose input needs no gradient
+            # would give its parameters none, so the blocks after the first are checkpointed.
+            for b in my_module.blocks[1:]:
+                checkpoint_module(b)
+            model = FSDPv2(my_module, mesh)
+        else:
+            model = FSDPv2(my_module, mesh, shard_output)
+        x = xs.mark_sharding(x_cpu.to("xla"), mesh, ("fsdp", None))
+        output = model(x, y_cpu.to("xla"))
+        loss = output.sum()
+        loss.backward()
+        xm.mark_step()
+        np.testing.assert_allclose(float(loss.detach().cpu() if not hasattr(loss, "global_tensor")
+                                         else loss.global_tensor.cpu()), float(ref_loss), rtol=1e-5)
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-5)

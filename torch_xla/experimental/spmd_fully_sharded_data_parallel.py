@@ -46,15 +46,15 @@ class SpmdFullyShardedDataParallel(nn.Module):
     """Wraps `module` so that its parameters are sharded over the `fsdp` axis of `mesh`.
 
     mesh: positional or keyword; the global mesh (`xs.set_global_mesh`) when omitted.
-    shard_output: fn(output, mesh) annotating the forward's output (default: dimension
+    shard_output: (positional or keyword) fn(output, mesh) annotating the forward's output (default: dimension
       0 of the first output tensor over 'fsdp', with `extra_data_axis` in front).
     auto_wrap_policy / auto_wrapper_callable: wrap submodules first, as
       `torch_xla.distributed.fsdp.wrap` policies decide.
     extra_data_axis: a mesh axis that also splits the batch (data parallel x FSDP).
     """
 
-    def __init__(self, module: nn.Module, mesh: Optional[spmd.Mesh] = None, *,
-                 shard_output: Optional[Callable] = None, auto_wrap_policy: Optional[Callable] = None,
+    def __init__(self, module: nn.Module, mesh: Optional[spmd.Mesh] = None, shard_output: Optional[Callable] = None,
+                 *, auto_wrap_policy: Optional[Callable] = None,
                  auto_wrapper_callable: Optional[Callable] = None, extra_data_axis: Optional[str] = None):
         if isinstance(module, SpmdFullyShardedDataParallel):
             raise RuntimeError("the module is already wrapped with FSDPv2; for nesting, wrap the children "

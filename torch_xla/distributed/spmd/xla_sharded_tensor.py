@@ -168,16 +168,18 @@ class XLAShardedTensor(DTensor):
         def unwrap(x):
             return x.global_tensor if isinstance(x, XLAShardedTensor) else x
 
-        def wrap(x):
-            return XLAShardedTensor(x) if isinstance(x, torch.Tensor) else x
-
-        out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
-        return tree_map(wrap, out)
+        # Results are plain xla tensors (their sharding, if any, is XLA's): autograd makes
+        # shallow copies of subclass results (views, custom Functions) that would lose the
+        # global tensor.
+        return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        # Plain tensor semantics above the dispatcher (DTensor's own rules do not apply).
-        return super(DTensor, cls).__torch_function__(func, types, args, kwargs)
+        # Plain tensor semantics above the dispatcher (DTensor's own rules do not apply), and
+        # no conversion of results to this class (`as_subclass` would make sharded tensors
+        # without a global tensor): results are wrapped by __torch_dispatch__.
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
 
     @property
     def _spec(self):
