@@ -34,7 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(ROOT, "examples", "train_mnist_xla.py")
 
 
-def _wait_threads(baseline: int, timeout: float = 1.0) -> int:
+def _wait_threads(baseline: int, timeout: float = 10.0) -> int:
     """Waits until the live thread count drops to `baseline` (returns the last count)."""
     deadline = time.time() + timeout
     while True:
