@@ -338,3 +338,24 @@ def test_per_device_value_cannot_leave_its_region():
     inside = torch_xla._XLAC._spmd_full_to_shard_shape(x) + 1
     with pytest.raises(RuntimeError, match="manual sharding region"):
         inside.cpu()
+
+
+def test_user_guide_samples_as_written():
+    num_devices = xr.global_runtime_device_count()
+    mesh_shape = (num_devices, 1)
+    device_ids = np.array(range(num_devices))
+    m = xs.Mesh(device_ids, mesh_shape, ("data", "model"))
+    t = torch.randn(8, 4).to(xm.xla_device())
+    partition_spec = ("data", "model")
+    xs.mark_sharding(t, m, partition_spec)
+    assert str(m.shape()) == "OrderedDict([('data', 4), ('model', 1)])"
+    device = torch_xla.device()
+    t1 = torch.randn(8, 8, 16).to(device)
+    t2 = torch.randn(8).to(device)
+    xs.mark_sharding(t1, m, (None, "data", "model"))
+    xs.mark_sharding(t2, m, ("data",))
+    xs.mark_sharding(t2, m, (("data", "model"),))
+    assert torch_xla._XLAC._get_xla_sharding_spec(t1) == "{devices=[1,4,1]0,1,2,3}"
+    assert torch_xla._XLAC._get_xla_sharding_spec(t2) == "{devices=[4]0,1,2,3}"
+    torch.testing.assert_close((t1.sum(2) @ t2.reshape(8, 1)).cpu(), t1.cpu().sum(2) @ t2.cpu().reshape(8, 1),
+                               rtol=1e-5, atol=1e-4)

@@ -52,7 +52,7 @@ def mark_sharding(t: Union[torch.Tensor, XLAShardedTensor], mesh: Mesh,
     spec = _check_spec(raw, partition_spec)
     new = mesh.sharding(spec)
     old = _sh.annotation(raw)
-    if old is not None and old != new and not _sh.is_replicated(old):
+    if old is not None and not old.is_equivalent_to(new, raw.dim()) and not _sh.is_replicated(old):
         raise RuntimeError(
             f"mark_sharding: the tensor is already sharded as {_sh.spec_text(old, raw.dim())}; "
             f"clear_sharding() it first, or use annotate_custom_sharding() to reshard it in the graph")
