@@ -359,3 +359,14 @@ def test_user_guide_samples_as_written():
     assert torch_xla._XLAC._get_xla_sharding_spec(t2) == "{devices=[4]0,1,2,3}"
     torch.testing.assert_close((t1.sum(2) @ t2.reshape(8, 1)).cpu(), t1.cpu().sum(2) @ t2.cpu().reshape(8, 1),
                                rtol=1e-5, atol=1e-4)
+
+
+def test_abandoned_per_device_value_does_not_break_the_barrier():
+    m = mesh((4,))
+    x = torch.ones(8).to("xla")
+    xs.mark_sharding(x, m, (0,))
+    left = torch_xla._XLAC._spmd_full_to_shard_shape(x) * 3  # never leaves its region
+    y = x + 1
+    xm.mark_step()
+    torch.testing.assert_close(y.cpu(), torch.full((8,), 2.0))
+    assert tuple(left.shape) == (2,)

@@ -344,10 +344,12 @@ def set_array(t, array) -> None:
 # `shard_map` over the mesh (`executor/manual.py`).
 
 MANUAL = "_xla_manual"  # attribute of a tensor whose value is per-device (inside a region)
+MANUAL_USED = [False]  # a manual region was ever started (the barrier then checks its roots)
 MANUAL_OPS = ("xla::full_to_shard", "xla::manual")
 
 
 def _new(state, op: str, args: tuple, shape, dtype):
+    MANUAL_USED[0] = True
     node = ir.Node(op, ((state.node, state.idx),), (ir.ref(0),) + args, ((tuple(shape), dtype),),
                    LOWERINGS[op], None)
     return _tensor.wrap_user(_tensor.make_tensor(node, 0, tuple(shape), dtype))

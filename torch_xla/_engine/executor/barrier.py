@@ -11,7 +11,7 @@ from typing import List, Optional
 
 from .. import ir, metrics, mode, rng, sharding
 from ..tensor import XlaState, pending
-from . import closures, compile as compiling, strategies
+from . import closures, compile as compiling, manual, strategies
 from .donation import donatable
 from .graph import Graph
 
@@ -45,6 +45,13 @@ def execute(states: List[XlaState], barrier: bool = False) -> None:
             root_of[k] = len(roots)
             roots.append((s.node, s.idx))
     graph, strategy = walk(roots)
+    if barrier and sharding.MANUAL_USED[0]:
+        # Per-device values of an unfinished manual region cannot be computed alone: they
+        # stay pending (the region's exit will compute them).
+        stuck = manual.per_device_roots(graph)
+        if stuck:
+            pending.restore([s for s in states if (id(s.node), s.idx) in stuck])
+            return execute([s for s in states if (id(s.node), s.idx) not in stuck], barrier=True)
     args = graph.param_values()
     donate = donatable(graph) if barrier and strategy.donates else ()
     if donate:

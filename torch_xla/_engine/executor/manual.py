@@ -106,8 +106,19 @@ class Regions:
                     "leave it through disable_manual_sharding / _spmd_shard_to_full_shape first")
 
 
+def per_device_roots(graph: Graph) -> set:
+    """The roots of `graph` that are per-device values (inside an unfinished region)."""
+    manual = _flags(graph)[0]
+    return {(id(n), i) for n, i in graph.roots if manual.get(id(n))}
+
+
 def plan(graph: Graph) -> Optional[Regions]:
     """The graph's manual regions, or None when it has none (the common case)."""
+    manual, found = _flags(graph)
+    return Regions(graph, manual) if found else None
+
+
+def _flags(graph: Graph):
     manual: Dict[int, bool] = {}
     found = False
     for n in graph.order:
@@ -119,4 +130,4 @@ def plan(graph: Graph) -> Optional[Regions]:
             manual[id(n)] = False
         elif n.operands:
             manual[id(n)] = any(manual.get(id(o), False) for o, _ in n.operands)
-    return Regions(graph, manual) if found else None
+    return manual, found
