@@ -95,7 +95,7 @@ class DeviceData(Node):
 
     In SPMD mode (`shard_aware`) the hash includes the buffer's sharding: a program
     compiled for one layout of its inputs must not be replayed on another."""
-    __slots__ = ("array",)
+    __slots__ = ("array", "computed")
     shard_aware = False
 
     def __init__(self, array, aval: Aval):
@@ -106,6 +106,7 @@ class DeviceData(Node):
         self.lowering = None
         self.info = None
         self.array = array
+        self.computed = False  # a program's result (SPMD: its layout is XLA's choice, shown)
         if DeviceData.shard_aware:
             self.hash = hash(("data", aval, array.sharding))
         else:

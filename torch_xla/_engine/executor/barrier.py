@@ -83,6 +83,7 @@ def execute(states: List[XlaState], barrier: bool = False) -> None:
         node = by_array.get(r)
         if node is None:
             node = by_array[r] = ir.DeviceData(outs[r], (s.shape, s.dtype))
+            node.computed = True
         s.set_data(node)
 
 

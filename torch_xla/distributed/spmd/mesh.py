@@ -19,7 +19,6 @@ import torch_xla.runtime as xr
 from torch_xla._engine import metrics as _metrics
 from torch_xla._engine import sharding as _sh
 
-_shardings: dict = {}
 
 PartitionSpec = Tuple[Union[int, str, None, Tuple[Union[int, str], ...]], ...]
 
@@ -71,6 +70,7 @@ class Mesh:
         self.mesh_shape = mesh_shape
         self.axis_names = axis_names
         self._jax = None
+        self._shardings = {}  # partition spec -> NamedSharding (equal layouts, equal graph keys)
 
     def size(self) -> int:
         return int(math.prod(self.mesh_shape))
@@ -121,13 +121,11 @@ class Mesh:
         return tuple(out)
 
     def sharding(self, partition_spec: PartitionSpec):
-        """The jax NamedSharding of `partition_spec` over this mesh (one object per layout,
-        shared by equal meshes: equal layouts give equal graph keys cheaply)."""
-        key = (tuple(self.device_ids.tolist()), self.mesh_shape, self.axis_names, tuple(
-            tuple(e) if isinstance(e, list) else e for e in partition_spec))
-        sh = _shardings.get(key)
+        """The jax NamedSharding of `partition_spec` over this mesh (made once per spec)."""
+        key = tuple(tuple(e) if isinstance(e, list) else e for e in partition_spec)
+        sh = self._shardings.get(key)
         if sh is None:
-            sh = _shardings[key] = _sh.named_sharding(self.get_jax_mesh(), self.jax_spec(partition_spec))
+            sh = self._shardings[key] = _sh.named_sharding(self.get_jax_mesh(), self.jax_spec(partition_spec))
             _metrics.inc("CreateOpSharding")
         return sh
 

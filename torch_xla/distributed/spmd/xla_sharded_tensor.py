@@ -232,6 +232,7 @@ def sharding_text(g: torch.Tensor) -> str:
     sh = _sh.annotation(g)
     if sh is None:
         data = _sh.data_sharding(g)
-        if data is not None and not _sh.is_replicated(data) and len(data.device_set) > 1:
+        computed = getattr(_tensor.state_of(g).node, "computed", False)
+        if data is not None and len(data.device_set) > 1 and (computed or not _sh.is_replicated(data)):
             sh = data
     return _sh.spec_text(sh, g.dim()) if sh is not None else ""
