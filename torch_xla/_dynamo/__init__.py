@@ -1,0 +1,2 @@
+"""`torch_xla._dynamo`: the TorchDynamo bridge under the name the original gives it."""
+from . import config, dynamo_bridge  # noqa: F401
