@@ -24,7 +24,7 @@ from torch.utils import _pytree as pytree
 
 from . import executor, ir, metrics, mode, rng, runtime
 from .executor import compile as compiling, strategies
-from .tensor import make_tensor, pending, replace_state, state_of, unwrap, wrap_user
+from .tensor import is_functional, make_tensor, pending, replace_state, state_of, unwrap, wrap_user
 
 _DEVICE_DATA = ir.DeviceData
 
@@ -94,12 +94,27 @@ class Program:
             shape, dtype = n.avals[i]
             results.append(make_tensor(_DEVICE_DATA(arr, (shape, dtype)), 0, shape, dtype))
         for pos, r in zip(self.mutated, results[self.n_out:]):
-            replace_state(flat[pos], r._xla)
+            write_back(flat[pos], r)
         return [wrap_user(results[k]) if type(k) is int else k[1] for k in self.out_kinds]
 
     def run(self, *args: Any):
-        flat = [a for a in pytree.tree_leaves(args) if isinstance(a, torch.Tensor)]
+        flat = input_tensors(args)
         return pytree.tree_unflatten(self.run_flat(flat), self.out_tree)
+
+
+def input_tensors(args: Sequence[Any]) -> List[torch.Tensor]:
+    """The tensor leaves of `args`, in order."""
+    return [a for a in pytree.tree_leaves(args) if isinstance(a, torch.Tensor)]
+
+
+def write_back(t: torch.Tensor, inner: torch.Tensor) -> None:
+    """Gives input `t` the value of inner tensor `inner`, as an in-place op would (through
+    functionalization, so the views of `t`'s base see it)."""
+    if is_functional(t):
+        torch._functionalize_replace(t, inner)
+        torch._functionalize_commit_update(t)
+    else:
+        replace_state(t, inner._xla)
 
 
 def _marks() -> tuple:
@@ -114,17 +129,22 @@ def trace(fn: Callable, *args: Any) -> Tuple[Optional[Program], Any]:
     `args` hold XLA tensors (and other values, which the program keeps as traced). The
     results and in-place writes of the call are computed before returning."""
     executor.sync()
-    flat = [a for a in pytree.tree_leaves(args) if isinstance(a, torch.Tensor)]
-    before = []
+    flat = input_tensors(args)
+    # The call runs on fresh tensors holding the inputs' values: a view among the inputs
+    # would otherwise be read through its base, which the program does not take.
+    before, proxies = [], {}
     for t in flat:
         if t.device.type != "xla":
             raise TypeError(f"capture: inputs must be xla tensors, got one on {t.device}")
         s = state_of(t)
         executor.materialize(s)
         before.append(s.node)
+        if id(t) not in proxies:
+            proxies[id(t)] = wrap_user(make_tensor(s.node, 0, s.shape, s.dtype))
+    proxy_args = pytree.tree_map_only(torch.Tensor, lambda t: proxies[id(t)], args)
     marks = _marks()
     with mode.lazy_scope():
-        out = fn(*args)
+        out = fn(*proxy_args)
     closed = _marks() == marks
     leaves, out_tree = pytree.tree_flatten(out)
     roots, kinds = [], []
@@ -138,10 +158,12 @@ def trace(fn: Callable, *args: Any) -> Tuple[Optional[Program], Any]:
             roots.append((s.node, s.idx))
         else:
             kinds.append(("const", v))
-    mutated = []
+    mutated, written = [], []
     for pos, t in enumerate(flat):
-        s = unwrap(t)._xla
-        if s.node is not before[pos]:
+        inner = unwrap(proxies[id(t)])
+        s = inner._xla
+        if s.node is not before[pos] and id(t) not in written:
+            written.append(id(t))
             mutated.append(pos)
             roots.append((s.node, s.idx))
     program = None
@@ -154,6 +176,8 @@ def trace(fn: Callable, *args: Any) -> Tuple[Optional[Program], Any]:
     # The traced call itself ran nothing: give the caller its results and write-backs, in
     # a partial sync (which never donates: the program keeps reading its captured values).
     executor.sync(states=pending.take_live())
+    for pos in mutated:
+        write_back(flat[pos], unwrap(proxies[id(flat[pos])]))
     return program, out
 
 

@@ -50,8 +50,8 @@ class NoneRemover:
 
 
 def _signature(args: Sequence[Any]) -> tuple:
-    return tuple((a.shape, a.dtype, a.device.type) if isinstance(a, torch.Tensor) else (type(a), a)
-                 for a in args)
+    return tuple((a.shape, a.dtype, a.device.type) if isinstance(a, torch.Tensor)
+                 else (type(a), a) for a in args)
 
 
 class CompiledGraph:
@@ -70,8 +70,8 @@ class CompiledGraph:
         if entry is _LAZY:
             with mode.lazy_scope():
                 return self.graph_module(*args)
-        program, tensor_pos = entry
-        flat = [args[i] for i in tensor_pos]
+        program = entry
+        flat = _capture.input_tensors(args)
         states = [state_of(t) for t in flat]
         _check_inputs(states)
         return pytree.tree_unflatten(program.run_flat(flat, states), program.out_tree)
@@ -88,7 +88,7 @@ class CompiledGraph:
             self.programs[key] = _LAZY
         else:
             program.executable()
-            self.programs[key] = (program, tensor_pos)
+            self.programs[key] = program
         return out
 
 
