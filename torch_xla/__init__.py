@@ -19,5 +19,13 @@ from ._api import (device, devices, device_count, sync, step, compile, manual_se
                    launch, real_devices, is_xla_tensor)
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # StableHLO export helpers, imported on first use (`torch_xla.save_as_stablehlo`).
+    if name in ("save_as_stablehlo", "save_torch_model_as_stablehlo"):
+        from . import stablehlo
+        return getattr(stablehlo, name)
+    raise AttributeError(f"module 'torch_xla' has no attribute {name!r}")
 __all__ = ["device", "devices", "device_count", "sync", "step", "compile", "manual_seed", "launch",
            "real_devices", "is_xla_tensor"]
