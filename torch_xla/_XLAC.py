@@ -79,3 +79,33 @@ def _xla_get_default_device() -> str:
 
 def _xla_graph_executor_cache_size() -> int:
     return executor.cache_size()
+
+
+def _xla_increment_counter(name: str, value: int = 1) -> None:
+    """Adds `value` to the metrics counter `name`."""
+    metrics.inc(name, value)
+
+
+def _xla_get_tensor_id(tensor: torch.Tensor) -> int:
+    """An id of the value `tensor` holds: that of its device data leaf once materialised
+    (what `_get_tensors_xla_device_data_node` reports), else of its lazy state."""
+    s = state_of(tensor)
+    return id(s.node) if type(s.node) is ir.DeviceData else id(s)
+
+
+def _get_tensors_xla_device_data_node(tensors: List[torch.Tensor]):
+    """(ids, values) of the device data leaves the graph computing `tensors` reads."""
+    graph = executor.Graph(_roots(tensors))
+    ids, values = [], []
+    for p in graph.params:
+        if type(p) is ir.DeviceData:
+            shape, dtype = p.avals[0]
+            ids.append(id(p))
+            values.append(_tensor.wrap_user(_tensor.make_tensor(p, 0, shape, dtype)))
+    return ids, values
+
+
+def _get_graph_hash(tensors: List[torch.Tensor]) -> bytes:
+    """The key of the graph computing `tensors` (equal for equal graphs)."""
+    graph, _ = executor.walk(_roots(tensors))
+    return graph.key.to_bytes(8, "little", signed=True)

@@ -233,7 +233,6 @@ def exported_program_to_stablehlo(exported: torch.export.ExportedProgram,
     dev = torch.device("xla", 0)
     xla_weights = [weights[n].to(dev) for n in weight_names]
     xla_user = [a.detach().to(dev) if isinstance(a, torch.Tensor) else a for a in user_leaves]
-    n_user_out = sum(1 for s in sig.output_specs if s.kind.name == "USER_OUTPUT")
     user_out_pos = [i for i, s in enumerate(sig.output_specs) if s.kind.name == "USER_OUTPUT"]
     gm = exported.graph_module
 

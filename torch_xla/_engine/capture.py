@@ -23,7 +23,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from . import executor, ir, metrics, mode, rng, runtime
-from .executor import compile as compiling, strategies
+from .executor import compile as compiling
 from .tensor import is_functional, make_tensor, pending, replace_state, state_of, unwrap, wrap_user
 
 _DEVICE_DATA = ir.DeviceData
@@ -84,7 +84,8 @@ class Program:
         if exe.paced:
             pol = compiling.platform_policy()
             token = pol.before_dispatch(exe.paced)
-        outs = exe.compiled(*args)
+        with metrics.timed("ExecuteTime"):
+            outs = exe.compiled(*args)
         if exe.paced:
             pol.after_dispatch(exe.paced, token, outs)
         outs = strategy.from_outputs(outs, graph)

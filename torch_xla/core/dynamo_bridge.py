@@ -49,6 +49,57 @@ class NoneRemover:
         return tuple(out)
 
 
+class GraphInputMatcher:
+    """Maps a graph's inputs to a call's arguments: `graph_input_xla_values[i]` is the
+    value captured for input i, or None where the input is one of the call's arguments
+    (then `__call__` takes it from the arguments)."""
+
+    def __init__(self, tensor_id_to_arg_idx: Dict[int, int], graph_input_tensor_ids: Sequence[int],
+                 graph_input_xla_values: Sequence[Any], xla_args_tensor_ids: Any):
+        self.tensor_id_to_arg_idx = dict(tensor_id_to_arg_idx)
+        self.graph_input_tensor_ids = list(graph_input_tensor_ids)
+        self.graph_input_xla_values = [None if tid in xla_args_tensor_ids else v
+                                       for tid, v in zip(graph_input_tensor_ids, graph_input_xla_values)]
+        self.arg_index = [self.tensor_id_to_arg_idx.get(tid) for tid in self.graph_input_tensor_ids]
+
+    def __call__(self, args: Sequence[Any]) -> List[Any]:
+        return [args[i] if v is None else v for i, v in zip(self.arg_index, self.graph_input_xla_values)]
+
+
+class UnsupportedNodesCollector(torch.fx.Interpreter):
+    """Runs an FX graph on the xla device and collects the nodes XLA cannot run as part of
+    one program: a CPU fallback inside, or CPU tensors among the results. The metrics are
+    left as they were."""
+
+    def __init__(self, module: torch.fx.GraphModule):
+        super().__init__(module)
+        self._unsupported: List[torch.fx.Node] = []
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        saved = dict(metrics.counters)
+        try:
+            return super().run(*args, **kwargs)
+        finally:
+            metrics.counters.clear()
+            metrics.counters.update(saved)
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        before = _fallbacks()
+        result = super().run_node(n)
+        if n.op in ("call_function", "call_method", "call_module"):
+            cpu = any(isinstance(v, torch.Tensor) and v.device.type != "xla" for v in pytree.tree_leaves(result))
+            if cpu or _fallbacks() != before:
+                self._unsupported.append(n)
+        return result
+
+    def get_unsupported_nodes(self) -> List[torch.fx.Node]:
+        return self._unsupported
+
+
+def _fallbacks() -> int:
+    return sum(v for k, v in metrics.counters.items() if k.startswith("aten::"))
+
+
 def _signature(args: Sequence[Any]) -> tuple:
     return tuple((a.shape, a.dtype, a.device.type) if isinstance(a, torch.Tensor)
                  else (type(a), a) for a in args)
@@ -111,5 +162,6 @@ def extract_compiled_graph_and_run(graph_module: torch.fx.GraphModule, args: Seq
     return extract_compiled_graph(graph_module, args)(*args)
 
 
-__all__ = ["extract_compiled_graph", "NoneRemover", "CompiledGraph"]
+__all__ = ["extract_compiled_graph", "NoneRemover", "CompiledGraph", "GraphInputMatcher",
+           "UnsupportedNodesCollector"]
 
