@@ -109,3 +109,21 @@ def _get_graph_hash(tensors: List[torch.Tensor]) -> bytes:
     """The key of the graph computing `tensors` (equal for equal graphs)."""
     graph, _ = executor.walk(_roots(tensors))
     return graph.key.to_bytes(8, "little", signed=True)
+
+
+def _init_computation_client() -> None:
+    """Starts the runtime (jax and its PJRT client) now rather than at the first use."""
+    from ._engine import runtime
+    runtime.local_devices()
+
+
+def _get_xla_tensor_debug_info(tensor: torch.Tensor) -> str:
+    """A description of the tensor's lazy state: its IR value, or its device data."""
+    s = state_of(tensor)
+    lines = [f"XLA Shape: {_dt(s.dtype)}[{','.join(map(str, s.shape))}]"]
+    if type(s.node) is ir.DeviceData:
+        deleted = s.node.array.is_deleted()
+        lines += ["IR: None", "XLAData: ", f"  Data Handle: {'Deleted' if deleted else id(s.node.array)}"]
+    else:
+        lines += [f"IR: {s.node.op}", "XLAData: None"]
+    return "\n".join(lines) + "\n"
