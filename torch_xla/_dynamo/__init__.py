@@ -1,2 +1,3 @@
-"""`torch_xla._dynamo`: the TorchDynamo bridge under the name the original gives it."""
-from . import config, dynamo_backend2, dynamo_bridge  # noqa: F401
+"""`torch_xla._dynamo`: the TorchDynamo bridge under the names the original gives it
+(`dynamo_bridge`, `config`, `dynamo_backend2`; the latter two modules load on import)."""
+from . import config  # noqa: F401

@@ -78,11 +78,12 @@ REGISTRY: List[Patch] = [
     Patch("xla_process_group", "`torch.distributed`: backend `xla` and the `xla://` rendezvous",
           "import of torch_xla.distributed.xla_backend", None,
           "the documented `init_process_group('xla', init_method='xla://')`"),
-    Patch("dynamo_skips_engine", "TorchDynamo's trace rules: `torch_xla`, `jax`, `jaxlib` and "
-          "`ml_dtypes` added to its skipped files", "import of torch._dynamo", "none (torch.compile needs it)",
+    Patch("dynamo_skips_engine", "TorchDynamo's trace rules: `torch_xla._engine`, `torch_xla._XLAC`, "
+          "`jax`, `jaxlib` and `ml_dtypes` added to its skipped files", "import of torch._dynamo",
+          "none (torch.compile needs it)",
           "the xla device's kernels are Python: Dynamo must run them, and what they call, as "
-          "it runs C++ kernels, instead of tracing into them (a call to torch_xla in a "
-          "compiled function is a graph break)"),
+          "it runs C++ kernels, instead of tracing into them (a call that reaches the engine "
+          "in a compiled function is a graph break; `xm.all_reduce` of one tensor is an op)"),
 ]
 _BY_NAME = {p.name: p for p in REGISTRY}
 
@@ -157,7 +158,7 @@ def install_dynamo_skips() -> None:
 
 
 def _skip_engine(rules) -> None:
-    for name in ("torch_xla", "jax", "jaxlib", "ml_dtypes"):
+    for name in ("torch_xla._engine", "torch_xla._XLAC", "jax", "jaxlib", "ml_dtypes"):
         rules.add(name)
 
 

@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Sequence
 import torch
 from torch.utils import _pytree as pytree
 
+from .._dynamo import config
 from .._engine import capture as _capture, metrics, mode
 from .._engine.tensor import state_of
 
@@ -144,7 +145,6 @@ class CompiledGraph:
 
 
 def _check_inputs(states) -> None:
-    from .._dynamo import config
     if config.skip_input_data_check and any(not s.is_data for s in states):
         raise RuntimeError("input data to dynamo graph can not be a pending ir: call torch_xla.sync() "
                            "first, or leave torch_xla._dynamo.config.skip_input_data_check False")

@@ -22,7 +22,7 @@ import torch
 from .. import ir, patches
 from ..lowering import LOWERINGS, load_all
 from ..tensor import make_tensor, state_of, wrap_user
-from . import decompositions, functionalize, handwritten as hw, library, meta, mutating, values
+from . import compiled_ops, decompositions, functionalize, handwritten as hw, library, meta, mutating, values
 from .fallback import cpu_fallback, fallback_kernel
 from .op_kernel import KERNELS, OpKernel, freeze
 from .specialise import entry_point
@@ -81,6 +81,7 @@ def register() -> None:
     for name, fn in hw.foreach_scalarlist_kernels().items():
         library.impl(name, fn, "PrivateUse1")
     library.fallback(fallback_kernel, "PrivateUse1")
+    compiled_ops.register(library, engine_op)
     library.impl("_fft_r2c", hw.k_fft_r2c_autograd, "AutogradPrivateUse1")
     # Quantized CPU tensors reach the device through empty_quantized: refuse by dtype.
     library.impl("empty_quantized", hw.k_empty_quantized, "QuantizedPrivateUse1")
