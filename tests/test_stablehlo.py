@@ -148,3 +148,24 @@ def test_xm_get_stablehlo_of_pending_tensors():
     assert text.count("stablehlo.convolution") == 2
     assert xm.get_stablehlo_bytecode([out])[:4] == b"ML\xefR"
     assert_same(out, m(x), rtol=1e-5, atol=1e-5)       # reading the text ran nothing wrong
+
+
+_HLO_DEBUG = r"""
+import torch, torch_xla, torch_xla.core.xla_model as xm
+x = torch.arange(9.0).reshape(3, 3).to(torch_xla.device())
+y = torch.relu(x @ x - 20)
+z = y.sum() * 2
+print(xm.get_stablehlo([z]))
+print("VALUE", z.item())
+"""
+
+
+def test_xla_hlo_debug_locations_are_python_source_lines(tmp_path):
+    script = tmp_path / "user_code.py"
+    script.write_text(_HLO_DEBUG)
+    env = dict(os.environ, XLA_HLO_DEBUG="1", PJRT_DEVICE="CPU")
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "#loc" in res.stdout and "user_code.py:4" in res.stdout and "user_code.py:5" in res.stdout
+    x = torch.arange(9.0).reshape(3, 3)
+    assert float(res.stdout.split("VALUE")[1]) == (torch.relu(x @ x - 20).sum() * 2).item()

@@ -35,6 +35,8 @@ _VARS = [
     Var("XLA_NO_SPECIAL_SCALARS", "bool", False,
         "make 0 and 1 graph parameters like every other Python scalar"),
     Var("XLA_NO_DONATION", "bool", False, "never donate the buffers of overwritten tensors"),
+    Var("XLA_HLO_DEBUG", "bool", False,
+        "record each traced op's Python source line; `xm.get_stablehlo` shows them as locations"),
     Var("XLA_USE_SPMD", "bool", False, "SPMD mode (`xr.use_spmd()`)", cached=False),
     Var("XLA_FLAGS", "str", "", "XLA's own flags, passed to the compiler", cached=False),
     Var("XLA_COLLECTIVE_TIMEOUT_S", "int", 1800,

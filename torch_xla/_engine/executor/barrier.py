@@ -124,8 +124,10 @@ def lowered(roots):
 
 
 def lower_text(roots) -> str:
-    """The StableHLO text of the program computing `roots` (no execution)."""
-    return lowered(roots).as_text()
+    """The StableHLO text of the program computing `roots` (no execution); with
+    XLA_HLO_DEBUG, with locations (each op's Python source line)."""
+    from .. import config
+    return lowered(roots).as_text(debug_info=bool(config.get("XLA_HLO_DEBUG")))
 
 
 def pending_graph_key():
