@@ -413,3 +413,10 @@ def test_mnist_example_two_processes_matches_one(flag):
     for step in l1:
         assert l2[step] == pytest.approx(l1[step], rel=0.02), (step, l1, l2)
     assert l2[25] < 0.5 * l2[0]
+
+
+def test_all_reduce_inside_torch_compile():
+    res = _spawn(workers.compiled_all_reduce_job, args=(2,))
+    for r in range(2):
+        for k, out in enumerate(res[r]):
+            _close(out, sum(x.add(k) * 2 for x in _inputs(2)) + 1)

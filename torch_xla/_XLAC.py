@@ -112,6 +112,8 @@ def _get_xla_tensor_debug_info(t: torch.Tensor) -> str:
     """What the engine holds for `t`: its IR value or device data, and its sharding."""
     from ._engine import mode as _mode, sharding as _sh
     g = getattr(t, "global_tensor", t)
+    if not (isinstance(g, torch.Tensor) and g.device.type == "xla"):
+        return "Not a XLATensor\n"
     s = state_of(g)
     lines = ["XLATensor {", f"TensorID: {id(s)}",
              f"Device: {'SPMD:0' if _mode.SPMD[0] else 'xla:0'}",
@@ -126,8 +128,10 @@ def _get_xla_tensor_debug_info(t: torch.Tensor) -> str:
     if type(s.node) is ir.DeviceData:
         arr = s.node.array
         sharded = _mode.SPMD[0] and len(arr.sharding.device_set) > 1
-        lines.append("IR: xla::device_data")
+        # A program's result has no IR; transferred data is a device-data leaf.
+        lines.append("IR: None" if s.node.computed else "IR: xla::device_data")
         lines.append("XLAShardedData" if sharded else "XLAData:")
+        lines.append(f"  Data Handle: {'Deleted' if arr.is_deleted() else id(arr)}")
         lines.append(f"  Data Device: {'SPMD:0' if _mode.SPMD[0] else 'xla:0'}")
         lines.append(f"  Data Shape: {_dt(s.dtype)}[{','.join(map(str, s.shape))}]")
         if sharded:
@@ -217,3 +221,33 @@ def OpSharding(tile_assignment, group_assignment, replication_groups, sharding_t
         return mesh.get_op_sharding(names)
     raise ValueError(f"OpSharding of type {kind.name} cannot be built from its pieces here; use "
                      f"Mesh.get_op_sharding(partition_spec)")
+
+
+def _xla_increment_counter(name: str, value: int = 1) -> None:
+    """Adds `value` to the metrics counter `name`."""
+    metrics.inc(name, value)
+
+
+def _xla_get_tensor_id(tensor: torch.Tensor) -> int:
+    """An id of the value `tensor` holds: that of its device data leaf once materialised
+    (what `_get_tensors_xla_device_data_node` reports), else of its lazy state."""
+    s = state_of(tensor)
+    return id(s.node) if type(s.node) is ir.DeviceData else id(s)
+
+
+def _get_tensors_xla_device_data_node(tensors: List[torch.Tensor]):
+    """(ids, values) of the device data leaves the graph computing `tensors` reads."""
+    graph = executor.Graph(_roots(tensors))
+    ids, values = [], []
+    for p in graph.params:
+        if type(p) is ir.DeviceData:
+            shape, dtype = p.avals[0]
+            ids.append(id(p))
+            values.append(_tensor.wrap_user(_tensor.make_tensor(p, 0, shape, dtype)))
+    return ids, values
+
+
+def _init_computation_client() -> None:
+    """Starts the runtime (jax and its PJRT client) now rather than at the first use."""
+    from ._engine import runtime
+    runtime.local_devices()

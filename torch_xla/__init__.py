@@ -21,3 +21,14 @@ from ._api import (device, devices, device_count, sync, step, compile, manual_se
 __version__ = "0.1.0"
 __all__ = ["device", "devices", "device_count", "sync", "step", "compile", "manual_seed", "launch",
            "real_devices", "is_xla_tensor"]
+
+
+def __getattr__(name: str):
+    # Subpackages on first use (`torch_xla.experimental.eager_mode(...)` after `import
+    # torch_xla`), and the StableHLO export helpers (`torch_xla.save_as_stablehlo`).
+    import importlib
+    if name in ("save_as_stablehlo", "save_torch_model_as_stablehlo"):
+        return getattr(importlib.import_module(".stablehlo", __name__), name)
+    if name in ("experimental", "stablehlo", "core", "runtime", "debug", "distributed", "utils", "_dynamo"):
+        return importlib.import_module("." + name, __name__)
+    raise AttributeError(f"module 'torch_xla' has no attribute {name!r}")

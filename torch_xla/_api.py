@@ -81,9 +81,9 @@ class _Compiled:
             extra = metrics.counters.get("ExecuteCount", 0) - before
             if extra:
                 raise RuntimeError(
-                    f"torch_xla.compile({self.name!r}, full_graph=True): the function was split into "
-                    f"{extra + 1} graphs; a host read (item(), print, .cpu()) or a fallback inside it "
-                    f"forced execution before the end")
+                    f"torch_xla.compile({self.name!r}, full_graph=True): Unexpected execution happens inside "
+                    f"the compiled function, exiting: it was split into {extra + 1} graphs (a host read: "
+                    f"item(), print, .cpu(), or a CPU fallback forced execution before the end)")
         if self.allowed is not None:
             key = executor.pending_graph_key()
             if key is not None and key not in self.graphs:

@@ -277,3 +277,18 @@ def slow_job(index: int, delay: float):
     t = xm.all_reduce("sum", torch.tensor([float(r + 1)]).to(dev))
     torch_xla.sync()
     return float(t.cpu()[0])
+
+
+# ---- a collective inside torch.compile --------------------------------------------------
+
+def compiled_all_reduce_job(index: int, steps: int = 2):
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    import torch_xla.runtime as xr
+
+    def reduce(t):
+        return xm.all_reduce(xm.REDUCE_SUM, t * 2) + 1
+
+    compiled = torch.compile(reduce, backend="openxla", fullgraph=True)
+    r = xr.global_ordinal()
+    return [compiled(rank_input(r, (2, 3)).add(k).to(torch_xla.device())).cpu() for k in range(steps)]

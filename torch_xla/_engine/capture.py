@@ -2,95 +2,190 @@
 input order and output tree.
 
 `capture(fn, *args)` runs `fn` once, lazily, on the inputs' device data and keeps the
-graph of its outputs as a `Program`: `inputs` maps each flat tensor argument to its
+graph of its outputs as a `Program`: `input_slots` maps each flat tensor argument to its
 parameter slot, every other parameter (weights read from a module, Python scalars) is
 captured by value, and `run(*new_args)` executes the compiled program on new inputs of
 the same avals without tracing again. An input that `fn` overwrites in place is written
-back by `run` as well (`mutated`). This is the seam a dynamo backend, export and
-`torch_xla.compile` share: what the program reads, in which order, and what it returns.
+back by `run` as well (`mutated`). Random ops draw from a fresh seed at every run. This
+is the seam a dynamo backend, export and `torch_xla.compile` share: what the program
+reads, in which order, and what it returns.
+
+`trace(fn, *args)` is the same call returning the traced call's own results too, and no
+program when the call was not one closed graph (an execution or a CPU fallback happened
+inside it, or it returned CPU tensors): such a function must be traced at every call.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, List
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from . import executor, ir, mode, runtime
+from . import executor, ir, metrics, mode, rng, runtime
 from .executor import compile as compiling
-from .executor.lower import build_fn
-from .tensor import make_tensor, pending, replace_state, state_of, unwrap, wrap_user
+from .tensor import is_functional, make_tensor, pending, replace_state, state_of, unwrap, wrap_user
+
+_DEVICE_DATA = ir.DeviceData
 
 
 class Program:
     """A captured program: `run(*args)` -> outputs in the traced tree."""
 
-    def __init__(self, graph, input_slots: List[int], mutated: List[int], out_tree, n_out: int):
+    def __init__(self, graph, strategy, input_slots: List[int], mutated: List[int], out_tree,
+                 out_kinds: list, seed_slot: int):
         self.graph = graph
+        self.strategy = strategy
         self.input_slots = input_slots   # parameter slot of each flat tensor input (-1: unused)
         self.mutated = mutated           # flat input positions written in place, in output order
         self.out_tree = out_tree
-        self.n_out = n_out
+        self.out_kinds = out_kinds       # per output leaf: root index (int) or ("const", value)
+        self.n_out = sum(1 for k in out_kinds if type(k) is int)
+        self.seed_slot = seed_slot       # slot of the random ops' seed, or -1
         self.captured = graph.param_values()   # values of every slot at capture time
-        jax = runtime.jax_module()
-        fn = build_fn(graph, compiling.platform_policy().patch_convolutions)
-        self._jit = jax.jit(fn, keep_unused=True)
+        self.avals = [graph.params[s].avals[0] if s >= 0 else None for s in input_slots]
+        self._exe = None
 
-    def _params(self, flat_inputs):
-        params = list(self.captured)
-        for t, slot in zip(flat_inputs, self.input_slots):
-            if slot >= 0:
-                s = state_of(t)
-                p = self.graph.params[slot]
-                if (s.shape, s.dtype) != p.avals[0]:
-                    raise ValueError(f"captured program: input of aval {(s.shape, s.dtype)} where "
-                                     f"{p.avals[0]} was traced")
-                params[slot] = executor.materialize(s)
-        return params
+    def executable(self):
+        """The compiled program (compiled at the first call, counted as a compile)."""
+        if self._exe is None:
+            args = self.strategy.to_args(self.captured, self.graph)
+            self._exe = compiling.compile_graph(self.graph, self.strategy, args, ())
+        return self._exe
 
     def lowered(self):
         """The jax `Lowered` program (StableHLO) with parameters in slot order."""
-        return self._jit.lower(*self.captured)
+        return compiling.lowered(self.graph, self.strategy)
+
+    def check(self, flat: Sequence[torch.Tensor]) -> List:
+        """The input states of `flat`; raises ValueError when an aval differs from the trace."""
+        states = [state_of(t) for t in flat]
+        for s, aval in zip(states, self.avals):
+            if aval is not None and (s.shape, s.dtype) != aval:
+                raise ValueError(f"captured program: input of aval {(s.shape, s.dtype)} where {aval} was traced")
+        return states
+
+    def run_flat(self, flat: Sequence[torch.Tensor], states=None) -> list:
+        """Runs the program on flat tensor inputs; returns the flat output leaves."""
+        if states is None:
+            states = self.check(flat)
+        waiting = [s for s in states if type(s.node) is not _DEVICE_DATA]
+        if waiting:
+            executor.sync(states=waiting)    # pending inputs: one program first
+        params = list(self.captured)
+        for s, slot in zip(states, self.input_slots):
+            if slot >= 0:
+                params[slot] = s.node.array
+        if self.seed_slot >= 0:
+            params[self.seed_slot] = np.asarray(rng.fresh_seed(), dtype=runtime.device_dtype(torch.int64))
+        exe = self.executable()
+        graph, strategy = self.graph, self.strategy
+        args = strategy.to_args(params, graph)
+        if exe.paced:
+            pol = compiling.platform_policy()
+            token = pol.before_dispatch(exe.paced)
+        with metrics.timed("ExecuteTime"):
+            outs = exe.compiled(*args)
+        if exe.paced:
+            pol.after_dispatch(exe.paced, token, outs)
+        outs = strategy.from_outputs(outs, graph)
+        metrics.inc("ExecuteCount")
+        results = []
+        for (n, i), arr in zip(graph.roots, outs):
+            shape, dtype = n.avals[i]
+            results.append(make_tensor(_DEVICE_DATA(arr, (shape, dtype)), 0, shape, dtype))
+        for pos, r in zip(self.mutated, results[self.n_out:]):
+            write_back(flat[pos], r)
+        return [wrap_user(results[k]) if type(k) is int else k[1] for k in self.out_kinds]
 
     def run(self, *args: Any):
-        flat = [a for a in pytree.tree_leaves(args) if isinstance(a, torch.Tensor)]
-        outs = self._jit(*self._params(flat))
-        results = []
-        for (n, i), arr in zip(self.graph.roots, outs):
-            shape, dtype = n.avals[i]
-            results.append(make_tensor(ir.DeviceData(arr, (shape, dtype)), 0, shape, dtype))
-        for pos, r in zip(self.mutated, results[self.n_out:]):
-            replace_state(flat[pos], r._xla)
-        return pytree.tree_unflatten([wrap_user(r) for r in results[:self.n_out]], self.out_tree)
+        flat = input_tensors(args)
+        return pytree.tree_unflatten(self.run_flat(flat), self.out_tree)
 
 
-def capture(fn: Callable, *args: Any) -> Program:
-    """Traces `fn(*args)` once (lazily) into a Program; `args` hold XLA tensors."""
+def input_tensors(args: Sequence[Any]) -> List[torch.Tensor]:
+    """The tensor leaves of `args`, in order."""
+    return [a for a in pytree.tree_leaves(args) if isinstance(a, torch.Tensor)]
+
+
+def write_back(t: torch.Tensor, inner: torch.Tensor) -> None:
+    """Gives input `t` the value of inner tensor `inner`, as an in-place op would (through
+    functionalization, so the views of `t`'s base see it)."""
+    if is_functional(t):
+        torch._functionalize_replace(t, inner)
+        torch._functionalize_commit_update(t)
+    else:
+        replace_state(t, inner._xla)
+
+
+def _marks() -> tuple:
+    """What moves when a traced call is not one closed graph: executions and CPU fallbacks."""
+    c = metrics.counters
+    return c.get("ExecuteCount", 0), sum(v for k, v in c.items() if k.startswith("aten::"))
+
+
+def trace(fn: Callable, *args: Any) -> Tuple[Optional[Program], Any]:
+    """Runs `fn(*args)` once, lazily, and returns (its Program or None, its results).
+
+    `args` hold XLA tensors (and other values, which the program keeps as traced). The
+    results and in-place writes of the call are computed before returning."""
     executor.sync()
-    flat = [a for a in pytree.tree_leaves(args) if isinstance(a, torch.Tensor)]
-    before = []
+    flat = input_tensors(args)
+    # The call runs on fresh tensors holding the inputs' values: a view among the inputs
+    # would otherwise be read through its base, which the program does not take.
+    before, proxies = [], {}
     for t in flat:
         if t.device.type != "xla":
             raise TypeError(f"capture: inputs must be xla tensors, got one on {t.device}")
         s = state_of(t)
         executor.materialize(s)
         before.append(s.node)
+        if id(t) not in proxies:
+            proxies[id(t)] = wrap_user(make_tensor(s.node, 0, s.shape, s.dtype))
+    proxy_args = pytree.tree_map_only(torch.Tensor, lambda t: proxies[id(t)], args)
+    marks = _marks()
     with mode.lazy_scope():
-        out = fn(*args)
+        out = fn(*proxy_args)
+    closed = _marks() == marks
     leaves, out_tree = pytree.tree_flatten(out)
-    if not all(isinstance(v, torch.Tensor) and v.device.type == "xla" for v in leaves):
-        raise TypeError("capture: the function must return xla tensors (in any nesting)")
-    roots = [(state_of(v).node, state_of(v).idx) for v in leaves]
-    mutated = []
+    roots, kinds = [], []
+    for v in leaves:
+        if isinstance(v, torch.Tensor):
+            if v.device.type != "xla":
+                closed = False
+                continue
+            s = state_of(v)
+            kinds.append(len(roots))
+            roots.append((s.node, s.idx))
+        else:
+            kinds.append(("const", v))
+    mutated, written = [], []
     for pos, t in enumerate(flat):
-        s = unwrap(t)._xla
-        if s.node is not before[pos]:
+        inner = unwrap(proxies[id(t)])
+        s = inner._xla
+        if s.node is not before[pos] and id(t) not in written:
+            written.append(id(t))
             mutated.append(pos)
             roots.append((s.node, s.idx))
-    graph, _ = executor.walk(roots)
-    slots = [graph.slot.get(id(node), -1) for node in before]
-    program = Program(graph, slots, mutated, out_tree, len(leaves))
+    program = None
+    if closed and roots:
+        graph, strategy = executor.walk(roots)
+        slots = [graph.slot.get(id(node), -1) for node in before]
+        seed = rng.current_seed_node()
+        seed_slot = graph.slot.get(id(seed), -1) if seed is not None else -1
+        program = Program(graph, strategy, slots, mutated, out_tree, kinds, seed_slot)
     # The traced call itself ran nothing: give the caller its results and write-backs, in
     # a partial sync (which never donates: the program keeps reading its captured values).
     executor.sync(states=pending.take_live())
+    for pos in mutated:
+        write_back(flat[pos], unwrap(proxies[id(flat[pos])]))
+    return program, out
+
+
+def capture(fn: Callable, *args: Any) -> Program:
+    """Traces `fn(*args)` once (lazily) into a Program; `args` hold XLA tensors."""
+    program, out = trace(fn, *args)
+    if program is None:
+        raise RuntimeError("capture: the function is not one graph (a host read, a CPU fallback or an "
+                           "execution happened inside it, or it returned no xla tensor)")
     return program

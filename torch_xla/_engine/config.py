@@ -35,6 +35,8 @@ _VARS = [
     Var("XLA_NO_SPECIAL_SCALARS", "bool", False,
         "make 0 and 1 graph parameters like every other Python scalar"),
     Var("XLA_NO_DONATION", "bool", False, "never donate the buffers of overwritten tensors"),
+    Var("XLA_HLO_DEBUG", "bool", False,
+        "record each traced op's Python source line; `xm.get_stablehlo` shows them as locations"),
     Var("XLA_USE_SPMD", "bool", False,
         "SPMD mode (`xr.use_spmd()`): one program over every device, partitioned by XLA from "
         "`mark_sharding` annotations; in a job of one process per host, each host's process gets "

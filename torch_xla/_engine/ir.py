@@ -16,6 +16,9 @@ Leaves:
 from __future__ import annotations
 
 import itertools
+import os
+import sys
+import weakref
 from typing import Any, Optional, Tuple
 
 import numpy as np
@@ -157,3 +160,30 @@ class Constant(Node):
     @property
     def is_leaf(self) -> bool:
         return True
+
+
+# ---- source lines (XLA_HLO_DEBUG) -------------------------------------------------------
+
+SOURCES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # node -> "file.py:line"
+_PKG_DIRS = []
+
+
+def record_sources() -> None:
+    """From now on every new node remembers the first Python frame outside torch_xla and
+    torch that created it (only when asked: this wraps the constructor)."""
+    if _PKG_DIRS:
+        return
+    import torch
+    _PKG_DIRS.extend([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                      os.path.dirname(os.path.abspath(torch.__file__))])
+    init = Node.__init__
+    _skipped = tuple(_PKG_DIRS) + ("<kernel ",)   # (+ the generated kernels, specialise.py)
+
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        f = sys._getframe(1)
+        while f is not None and f.f_code.co_filename.startswith(_skipped):
+            f = f.f_back
+        if f is not None:
+            SOURCES[self] = f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
+    Node.__init__ = __init__

@@ -85,6 +85,12 @@ REGISTRY: List[Patch] = [
     Patch("xla_process_group", "`torch.distributed`: backend `xla` and the `xla://` rendezvous",
           "import of torch_xla.distributed.xla_backend", None,
           "the documented `init_process_group('xla', init_method='xla://')`"),
+    Patch("dynamo_skips_engine", "TorchDynamo's trace rules: `torch_xla._engine`, `torch_xla._XLAC`, "
+          "`jax`, `jaxlib` and `ml_dtypes` added to its skipped files", "import of torch._dynamo",
+          "none (torch.compile needs it)",
+          "the xla device's kernels are Python: Dynamo must run them, and what they call, as "
+          "it runs C++ kernels, instead of tracing into them (a call that reaches the engine "
+          "in a compiled function is a graph break; `xm.all_reduce` of one tensor is an op)"),
 ]
 _BY_NAME = {p.name: p for p in REGISTRY}
 
@@ -146,6 +152,41 @@ def install_import_time() -> None:
     if (enabled("module_apply") and torch.nn.Module._apply is _orig_apply
             and signature_matches(_orig_apply, ["self", "fn", "recurse"], "torch.nn.Module._apply")):
         torch.nn.Module._apply = _apply
+    install_dynamo_skips()
+
+
+def install_dynamo_skips() -> None:
+    """`dynamo_skips_engine`: now if torch._dynamo is loaded, else once it loads."""
+    rules = sys.modules.get("torch._dynamo.trace_rules")
+    if rules is not None:
+        _skip_engine(rules)
+    elif not any(isinstance(f, _AfterTraceRules) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterTraceRules())
+
+
+def _skip_engine(rules) -> None:
+    for name in ("torch_xla._engine", "torch_xla._XLAC", "jax", "jaxlib", "ml_dtypes"):
+        rules.add(name)
+
+
+class _AfterTraceRules:
+    """A one-shot import hook: runs `_skip_engine` right after torch._dynamo.trace_rules loads."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "torch._dynamo.trace_rules":
+            return None
+        sys.meta_path.remove(self)
+        import importlib.util
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _skip_engine(module)
+        spec.loader.exec_module = exec_module
+        return spec
 
 
 def after_jax_start() -> None:

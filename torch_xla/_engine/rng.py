@@ -63,3 +63,16 @@ def seed_node():
         n = ir.ScalarParam(_state["seed"] & 0xFFFFFFFF, torch.int64)
         _state["node"] = n
     return n
+
+
+def current_seed_node():
+    """The seed leaf random ops of this step read (None before the step's first one)."""
+    return _state["node"]
+
+
+def fresh_seed() -> int:
+    """A seed no traced op of this step or the next uses (for a captured program's run)."""
+    advance_step()
+    s = _state["seed"] & 0xFFFFFFFF
+    advance_step()
+    return s

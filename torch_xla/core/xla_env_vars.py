@@ -5,6 +5,8 @@ reads or sets them by constant. What this project does with each one is in
 `torch_xla/_engine/config.py` (the README's table)."""
 from __future__ import annotations
 
+from .._engine import config as _config
+
 _NAMES = (
     "PJRT_DEVICE", "CPU_NUM_DEVICES", "GPU_NUM_DEVICES", "TPU_NUM_DEVICES", "TPUVM_MODE",
     "PJRT_SELECT_DEFAULT_DEVICE", "PJRT_LOCAL_PROCESS_RANK", "PJRT_LOCAL_PROCESS_COUNT",
@@ -21,4 +23,4 @@ _NAMES = (
 TPU_MESH_CTLER_ADDR = "TPU_MESH_CONTROLLER_ADDRESS"
 TPU_MESH_CTLER_PORT = "TPU_MESH_CONTROLLER_PORT"
 
-globals().update({n: n for n in _NAMES})
+globals().update({n: n for n in _NAMES + tuple(_config.VARS)})

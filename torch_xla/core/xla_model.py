@@ -143,6 +143,11 @@ def all_reduce(reduce_type: str, inputs, scale: float = 1.0, groups=None, pin_la
 
     pin_layout: accepted; every replica runs the same compiled program, so the layouts of
     a collective's operands always agree across replicas (what pinning guarantees)."""
+    if isinstance(inputs, torch.Tensor) and torch.compiler.is_compiling():
+        # Inside torch.compile: an op of the graph (torch.ops.xla.all_reduce).
+        if reduce_type not in (REDUCE_SUM, REDUCE_MUL, REDUCE_AND, REDUCE_OR, REDUCE_MIN, REDUCE_MAX):
+            raise ValueError(f"invalid reduce type {reduce_type!r}")
+        return torch.ops.xla.all_reduce(inputs, reduce_type, float(scale), [list(g) for g in groups or ()])
     return _collectives().all_reduce(reduce_type, inputs, scale=scale, groups=groups)
 
 

@@ -138,9 +138,11 @@ def lowered(roots):
 
 
 def lower_text(roots, dialect: str = "stablehlo") -> str:
-    """The text of the program computing `roots` (no execution): StableHLO, or XLA's
-    HLO (`dialect="hlo"`, with the sharding annotations before partitioning)."""
-    return lowered(roots).as_text(dialect=dialect)
+    """The text of the program computing `roots` (no execution): StableHLO, or XLA's HLO
+    (`dialect="hlo"`, with the sharding annotations before partitioning); with
+    XLA_HLO_DEBUG, with locations (each op's Python source line)."""
+    from .. import config
+    return lowered(roots).as_text(dialect=dialect, debug_info=bool(config.get("XLA_HLO_DEBUG")))
 
 
 def pending_graph_key():

@@ -88,10 +88,11 @@ def remember(key: int, exe: Executable) -> None:
 
 
 def lowered(graph: Graph, strategy):
-    """The jax `Lowered` program of a graph (no compilation, no execution)."""
+    """The jax `Lowered` program of a graph (no compilation, no execution), with the
+    portable lowering of every op (convolutions as convolutions on every platform)."""
     jax = runtime.jax_module()
     args = strategy.to_args(graph.param_values(), graph)
-    fn = strategy.wrap(build_fn(graph, platform_policy().patch_convolutions), graph)
+    fn = strategy.wrap(build_fn(graph, False), graph)
     return jax.jit(fn, keep_unused=True, **strategy.jit_options(graph, args)).lower(*args)
 
 

@@ -54,6 +54,10 @@ def build_fn(graph: Graph, patch_convolutions: bool):
         else:
             plan.append(("n", n, tuple((index[id(o)], i) for o, i in n.operands)))
 
+    sources = ir.SOURCES
+    if sources:
+        import jax
+
     def fn(*params):
         lowering_ctx.patch_convolutions = patch_convolutions
         vals = [None] * len(plan)
@@ -68,6 +72,11 @@ def build_fn(graph: Graph, patch_convolutions: bool):
                 vals[pos] = (a.lower([vals[p][i] for p, i in ops], lower_node),)
             else:
                 try:
+                    src = sources.get(a) if sources else None
+                    if src is not None:
+                        with jax.named_scope(src):
+                            vals[pos] = lower_node(a, [vals[p][i] for p, i in ops])
+                        continue
                     vals[pos] = lower_node(a, [vals[p][i] for p, i in ops])
                 except LoweringError as e:
                     raise GraphCompileError(str(e)) from e

@@ -22,10 +22,10 @@ from typing import List, Sequence, Tuple
 
 import torch
 
-from .. import ir, patches
+from .. import config, ir, patches
 from ..lowering import LOWERINGS, load_all
 from ..tensor import make_tensor, state_of, wrap_user
-from . import amp, autocast, decompositions, functionalize, handwritten as hw, library, meta, mutating, values
+from . import amp, autocast, compiled_ops, decompositions, functionalize, handwritten as hw, library, meta, mutating, values
 from .fallback import cpu_fallback, fallback_kernel
 from .op_kernel import KERNELS, OpKernel, freeze
 from .specialise import entry_point
@@ -89,6 +89,9 @@ def register() -> None:
         library.impl(name, fn, "AutocastPrivateUse1")
     library.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
     library.fallback(fallback_kernel, "PrivateUse1")
+    compiled_ops.register(library, engine_op)
+    if config.get("XLA_HLO_DEBUG"):
+        ir.record_sources()
     library.impl("_fft_r2c", hw.k_fft_r2c_autograd, "AutogradPrivateUse1")
     # Quantized CPU tensors reach the device through empty_quantized: refuse by dtype.
     library.impl("empty_quantized", hw.k_empty_quantized, "QuantizedPrivateUse1")

@@ -12,11 +12,14 @@ PyTorch's does and, in that case, reads the source to the destination's device f
 tensor for every device but XLA and Lazy. A plain tensor saved by autograd as an output
 (relu, tanh, exp save their result) is shallow-copied without our state, so the backward
 failed ("has no XLA data"): our kernel wraps results on the xla device, as PyTorch does
-for XLA.
+for XLA. A copy between xla tensors of one shape and dtype shares the source's value (no
+IR op).
 """
 from __future__ import annotations
 
 import torch
+
+from ..tensor import make_tensor
 
 _FUNCTIONALIZE_SET = torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)
 SCHEMA = "aten::copy_(Tensor(a!) self, Tensor src, bool non_blocking=False) -> Tensor(a!)"
@@ -40,8 +43,14 @@ def functionalize_copy_(self, src, non_blocking=False):
         return self
     torch._sync(self)
     self_ = torch._from_functional_tensor(self)
-    with _skip_functionalize():
-        out = torch.ops.aten.copy.default(self_, src_, non_blocking)
+    s = getattr(src_, "_xla", None)
+    if s is not None and s.shape == tuple(self_.shape) and s.dtype == self_.dtype:
+        # A whole-tensor copy of an xla value: the destination takes the same (immutable)
+        # value, no op (the write-backs of compiled graphs are made of these).
+        out = make_tensor(s.node, s.idx, s.shape, s.dtype)
+    else:
+        with _skip_functionalize():
+            out = torch.ops.aten.copy.default(self_, src_, non_blocking)
     torch._functionalize_replace(self, out)
     torch._functionalize_commit_update(self)
     torch._sync(self)

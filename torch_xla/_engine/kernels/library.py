@@ -46,6 +46,19 @@ def _override_lib() -> torch.library.Library:
     return lib
 
 
+def define(ns: str, schema: str) -> None:
+    """Defines operator `schema` in namespace `ns` (this package's own ops)."""
+    lib = _libs.get(ns + ":def")
+    if lib is None:
+        lib = _libs[ns + ":def"] = torch.library.Library(ns, "FRAGMENT")
+    lib.define(schema)
+
+
+def impl_ns(ns: str, name: str, fn: Callable, key: str) -> None:
+    """Registers `fn` as the kernel of this package's op `ns::name` for dispatch key `key`."""
+    _libs[ns + ":def"].impl(name, fn, key)
+
+
 def fallback(fn: Callable, key: str) -> None:
     """Registers `fn(op, *args, **kwargs)` for every op without a kernel for `key`."""
     lib = _libs.get("_")

@@ -55,6 +55,16 @@ def _tensor_state(t, op_name):
         f"xla:0 and {t.device}! (when checking argument for {op_name})")
 
 
+def _meta_alias(op, args, kwargs):
+    """The alias of a meta tensor carrying the xla keys: the data of a Dynamo fake tensor,
+    which `FakeTensor.__new__` detaches. The result must not be a plain Python tensor (the
+    fake tensor adopts it), so it is made as an (uninitialised) FakeTensor object, below
+    the xla key."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)):
+        return torch.Tensor._make_subclass(FakeTensor, args[0])
+
+
 class OpKernel:
     """The kernel of one lowered aten overload."""
 
@@ -83,7 +93,12 @@ class OpKernel:
                     return x
                 s = state_of(x)
                 return wrap_user(make_tensor(s.node, s.idx, s.shape, s.dtype))
-            s = state_of(x)
+            try:
+                s = state_of(x)
+            except RuntimeError:
+                if x.device.type != "meta":
+                    raise
+                return _meta_alias(self.op, args, kwargs)
             out = make_tensor(s.node, s.idx, s.shape, s.dtype)
             if self.name in ("aten::lift_fresh", "aten::lift"):
                 # torch.tensor(data, device=xla) moves its data with functionalization

@@ -1,0 +1,222 @@
+"""torch.compile(backend='openxla' / 'openxla_eval'): every result against eager PyTorch on CPU."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_xla.core.xla_model as xm
+import torch_xla.debug.metrics as met
+from torch_xla._engine import ir
+from helpers import XLA, assert_same
+from models import MNIST, Decoder, ResNet, image_data, lm_data, lm_loss, mnist_data
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _pair(model_cls, *a, **k):
+    torch.manual_seed(0)
+    cpu = model_cls(*a, **k)
+    dev = copy.deepcopy(cpu).to(XLA)
+    return cpu, dev
+
+
+class _NodeCount:
+    """Counts IR nodes created (ops traced) while active."""
+
+    def __init__(self, monkeypatch):
+        self.n = 0
+        orig = ir.Node.__init__
+
+        def init(node, *a, **k):
+            self.n += 1
+            orig(node, *a, **k)
+        monkeypatch.setattr(ir.Node, "__init__", init)
+
+
+def test_spec_add_sample_cpu_inputs():
+    def add(a, b):
+        return a.to(xm.xla_device()) + b.to(xm.xla_device())
+    compiled = torch.compile(add, backend="openxla")
+    for _ in range(2):
+        a, b = torch.randn(10), torch.randn(10)
+        assert_same(compiled(a, b), a + b)
+
+
+def test_mnist_training_matches_cpu_and_steady_loop_compiles_nothing():
+    cpu, dev = _pair(MNIST)
+    opt_c = torch.optim.SGD(cpu.parameters(), lr=0.05, momentum=0.9)
+    opt_d = torch.optim.SGD(dev.parameters(), lr=0.05, momentum=0.9)
+
+    def step(model, x, y):
+        loss = F.nll_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    cstep = torch.compile(step, backend="openxla")
+    for i, (x, y) in enumerate(mnist_data(5)):
+        if i == 3:
+            compiles = met.counter_value("UncachedCompile")
+        opt_c.zero_grad()
+        lc = step(cpu, x, y)
+        opt_d.zero_grad()
+        ld = cstep(dev, x.to(XLA), y.to(XLA))
+        if i == 0:
+            for pc, pd in zip(cpu.parameters(), dev.parameters()):
+                assert_same(pd.grad, pc.grad, rtol=1e-4, atol=1e-5)
+        opt_c.step()
+        opt_d.step()
+        xm.mark_step()
+        assert_same(ld, lc, rtol=1e-4, atol=1e-5)
+    assert met.counter_value("UncachedCompile") == compiles    # steps 3 and 4 compile nothing
+    for (n, pc), pd in zip(cpu.state_dict().items(), dev.state_dict().values()):
+        assert_same(pd, pc, rtol=1e-3, atol=1e-4, msg=n)        # weights and BN running stats
+
+
+def test_decoder_training_matches_cpu():
+    cpu, dev = _pair(Decoder, n_layers=1)
+    opt_c = torch.optim.AdamW(cpu.parameters(), lr=1e-2)
+    opt_d = torch.optim.AdamW(dev.parameters(), lr=1e-2)
+    cdev = torch.compile(dev, backend="openxla")
+    for x, y in lm_data(3, batch=2, seq=16):
+        opt_c.zero_grad()
+        lc = lm_loss(cpu(x), y)
+        lc.backward()
+        opt_c.step()
+        opt_d.zero_grad()
+        ld = lm_loss(cdev(x.to(XLA)), y.to(XLA))
+        ld.backward()
+        opt_d.step()
+        xm.mark_step()
+        assert_same(ld, lc, rtol=1e-4, atol=1e-4)
+    for pc, pd in zip(cpu.parameters(), dev.parameters()):
+        assert_same(pd, pc, rtol=1e-3, atol=1e-3)   # AdamW: near-zero gradients amplified
+
+
+def test_resnet_inference_traced_once(monkeypatch):
+    cpu, dev = _pair(ResNet)
+    cpu.eval()
+    dev.eval()
+    cdev = torch.compile(dev, backend="openxla")
+    data = image_data(4, batch=4)
+    with torch.no_grad():
+        assert_same(cdev(data[0][0].to(XLA)), cpu(data[0][0]), rtol=1e-4, atol=1e-4)
+        compiles = met.counter_value("UncachedCompile")
+        xs = [x.to(XLA) for x, _ in data[1:]]
+        xm.mark_step()
+        nodes = _NodeCount(monkeypatch)
+        outs = [cdev(x) for x in xs]
+        assert nodes.n == 0                    # no op traced after the first call
+        assert met.counter_value("UncachedCompile") == compiles
+        for o, (x, _) in zip(outs, data[1:]):
+            assert_same(o, cpu(x), rtol=1e-4, atol=1e-4)
+
+
+def test_batchnorm_running_stats_written_back():
+    cpu, dev = _pair(ResNet)
+    cdev = torch.compile(dev, backend="openxla")
+    with torch.no_grad():
+        for x, _ in image_data(2, batch=4):
+            assert_same(cdev(x.to(XLA)), cpu(x), rtol=1e-4, atol=1e-4)
+    for (n, bc), bd in zip(cpu.named_buffers(), dev.buffers()):
+        assert_same(bd, bc, rtol=1e-4, atol=1e-5, msg=n)
+
+
+def test_openxla_eval_inplace_on_input_and_pending_inputs():
+    def f(acc, x):
+        acc.add_(x.sum(0))
+        return x * 2, acc.clone()
+
+    cf = torch.compile(f, backend="openxla_eval")
+    acc_c, acc_d = torch.zeros(3), torch.zeros(3, device=XLA)
+    for i in range(3):
+        x = torch.randn(4, 3)
+        xd = x.to(XLA) * 1.0                  # pending IR as the input
+        oc, od = f(acc_c, x), cf(acc_d, xd)
+        assert_same(od, oc)
+        assert_same(acc_d, acc_c)
+
+
+def test_shape_change_traces_again():
+    def f(x, w):
+        return torch.relu(x @ w).sum(1)
+
+    cf = torch.compile(f, backend="openxla")
+    w = torch.randn(5, 3)
+    wd = w.to(XLA)
+    for n in (4, 6, 7, 4):
+        x = torch.randn(n, 5)
+        assert_same(cf(x.to(XLA), wd), f(x, w), rtol=1e-5)
+
+
+def test_graph_break_and_cpu_fallback_inside_graph():
+    def f(x, k):
+        y = torch.bitwise_left_shift(x, k)    # served by the CPU fallback
+        if y.sum() > 0:                        # a graph break (data-dependent branch)
+            return y * 2
+        return y - 1
+
+    cf = torch.compile(f, backend="openxla")
+    for _ in range(2):
+        x = torch.randint(-5, 5, (6,))
+        k = torch.randint(0, 3, (6,))
+        met.clear_counters()
+        assert_same(cf(x.to(XLA), k.to(XLA)), f(x, k))
+        assert met.counter_value("aten::bitwise_left_shift")
+
+
+def test_none_outputs_and_outputs_aliasing_inputs():
+    from torch_xla.core.dynamo_bridge import extract_compiled_graph
+
+    def f(x, y):
+        return x, None, (y + 1, x.t())
+
+    gm = torch.fx.symbolic_trace(f)
+    x, y = torch.randn(2, 3), torch.randn(3)
+    args = (x.to(XLA), y.to(XLA))
+    compiled = extract_compiled_graph(gm, args)
+    for _ in range(2):
+        out = compiled(*args)
+        assert out[1] is None
+        assert_same([out[0], out[2][0], out[2][1]], [x, y + 1, x.t()])
+
+
+def test_dropout_draws_new_numbers_each_call():
+    cf = torch.compile(lambda x: F.dropout(x, 0.5, training=True), backend="openxla")
+    x = torch.ones(64, 64)
+    a, b = cf(x.to(XLA)).cpu(), cf(x.to(XLA)).cpu()
+    ref = F.dropout(x, 0.5, training=True)
+    assert set(a.unique().tolist()) == set(ref.unique().tolist()) == {0.0, 2.0}
+    assert not torch.equal(a, b)
+
+
+def test_skip_input_data_check_refuses_pending_inputs():
+    from torch_xla._dynamo import config
+    cf = torch.compile(lambda t: t.cos().sin(), backend="openxla")
+    x = torch.randn(3, 4)
+    assert_same(cf(x.to(XLA)), x.cos().sin())
+    config.skip_input_data_check = True
+    try:
+        with pytest.raises(RuntimeError, match="pending ir"):
+            cf(x.to(XLA) + 5)
+    finally:
+        config.skip_input_data_check = False
+
+
+def test_dynamo_alias_modules():
+    import torch_xla._dynamo.dynamo_bridge as bridge
+    import torch_xla.core.dynamo_bridge as core_bridge
+    from torch_xla._dynamo.dynamo_bridge import NoneRemover
+    assert bridge.extract_compiled_graph is core_bridge.extract_compiled_graph
+    r = NoneRemover()
+    t = ("a", None, "b")
+    assert r.remove_nones(t) == ("a", "b") and r.add_nones(("a", "b")) == t
+    import torch_xla._dynamo.config as config
+    assert config.skip_input_data_check is False

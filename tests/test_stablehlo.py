@@ -1,0 +1,171 @@
+"""torch_xla.stablehlo: exported programs against eager CPU, saved exports run by plain jax."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import torch_xla
+import torch_xla.core.xla_model as xm
+from torch_xla.stablehlo import (StableHLOExportOptions, StableHLOGraphModule, exported_program_to_stablehlo,
+                                 save_as_stablehlo)
+from helpers import XLA, assert_same
+from models import MNIST, Decoder
+
+
+def _mnist():
+    torch.manual_seed(0)
+    m = MNIST().eval()
+    x = torch.randn(4, 1, 28, 28)
+    return m, x
+
+
+def test_export_mnist_matches_cpu_on_xla_and_cpu_inputs():
+    m, x = _mnist()
+    shlo = exported_program_to_stablehlo(torch.export.export(m, (x,)))
+    ref = m(x)
+    assert_same(shlo(x.to(XLA)), ref, rtol=1e-5, atol=1e-5)
+    assert_same(shlo(x), ref, rtol=1e-5, atol=1e-5)
+    x2 = torch.randn(4, 1, 28, 28)
+    assert_same(shlo(x2), m(x2), rtol=1e-5, atol=1e-5)
+    text = shlo.get_stablehlo_text("forward")
+    assert text.count("stablehlo.convolution") == 2
+    assert shlo.get_stablehlo_bytecode()[:4] == b"ML\xefR"
+    with pytest.raises(ValueError, match="exported for"):
+        shlo(torch.randn(5, 1, 28, 28))
+
+
+def test_export_decoder_with_dict_outputs_and_kwargs():
+    torch.manual_seed(0)
+    dec = Decoder(n_layers=1).eval()
+
+    class Wrap(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dec = dec
+
+        def forward(self, idx, *, scale):
+            logits = self.dec(idx)
+            return {"logits": logits * scale, "top": logits.argmax(-1)}
+
+    idx = torch.randint(0, 128, (2, 16))
+    scale = torch.tensor(0.5)
+    ep = torch.export.export(Wrap(), (idx,), {"scale": scale})
+    out = exported_program_to_stablehlo(ep)(idx, scale=scale)
+    ref = Wrap()(idx, scale=scale)
+    assert set(out) == {"logits", "top"}
+    assert_same(out["logits"], ref["logits"], rtol=1e-4, atol=1e-5)
+    assert_same(out["top"], ref["top"])
+
+
+def test_scalars_inlined_or_arguments():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.aten.sub(torch.ops.aten.sub(x, 5), 1)
+
+    x = torch.randn(3, 3)
+    ep = torch.export.export(M(), (x,))
+    inl = exported_program_to_stablehlo(ep)
+    assert "dense<5.000000e+00>" in inl.get_stablehlo_text()
+    opts = StableHLOExportOptions(inline_all_constant=False)
+    arg = exported_program_to_stablehlo(ep, opts)
+    text = arg.get_stablehlo_text()
+    assert "dense<5.000000e+00>" not in text and "dense<1.000000e+00>" in text
+    for shlo in (inl, arg):
+        assert_same(shlo(x), x - 5 - 1)
+
+
+def test_save_load_and_save_helpers(tmp_path):
+    m, x = _mnist()
+    ep = torch.export.export(m, (x,))
+    save_as_stablehlo(ep, tmp_path / "a")
+    loaded = StableHLOGraphModule.load(tmp_path / "a")
+    assert_same(loaded(x), m(x), rtol=1e-5, atol=1e-5)
+    assert set(loaded._bundle.state_dict) == set(m.state_dict())
+    torch_xla.save_torch_model_as_stablehlo(m, (x,), tmp_path / "b",
+                                            StableHLOExportOptions(save_weights=False))
+    assert not (tmp_path / "b" / "data").exists()
+    bare = StableHLOGraphModule.load(tmp_path / "b")
+    assert bare._bundle.state_dict == {}
+    with pytest.raises(ValueError, match="missing"):
+        bare(x)
+
+
+_JAX_ONLY = r"""
+import json, sys
+import numpy as np
+import jax
+jax.config.update("jax_enable_x64", True)     # the program keeps PyTorch's 64-bit dtypes
+from jax import export
+path, x_file, out_file = sys.argv[1:]
+meta = json.load(open(path + "/meta.json"))["methods"]["forward"]
+exp = export.deserialize(bytearray(open(path + "/functions/forward.jaxexport", "rb").read()))
+weights = np.load(path + "/data/weights.npz")
+args = [weights[n] for n in meta["weights"]] + [np.load(x_file)]
+args = [np.asarray(a).astype(aval.dtype) for a, aval in zip(args, exp.in_avals)]
+out = exp.call(*args)
+assert "torch" not in sys.modules and "torch_xla" not in sys.modules
+np.save(out_file, np.asarray(out[0]))
+"""
+
+
+def test_saved_export_runs_on_plain_jax_without_torch(tmp_path):
+    m, x = _mnist()
+    torch_xla.save_torch_model_as_stablehlo(m, (x,), tmp_path / "export")
+    x2 = torch.randn(4, 1, 28, 28)
+    np.save(tmp_path / "x.npy", x2.numpy())
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["JAX_PLATFORMS"] = "cpu"
+    res = subprocess.run([sys.executable, "-c", _JAX_ONLY, str(tmp_path / "export"), str(tmp_path / "x.npy"),
+                          str(tmp_path / "out.npy")], capture_output=True, text=True, timeout=120, env=env,
+                         cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr[-2000:]
+    torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "out.npy")), m(x2).detach(),
+                               rtol=1e-5, atol=1e-5)
+    meta = json.loads((tmp_path / "export" / "meta.json").read_text())
+    assert meta["methods"]["forward"]["inputs"] == [[[4, 1, 28, 28], "float32"]]
+
+
+def test_dynamic_dims_refused_clearly():
+    m, x = _mnist()
+    ep = torch.export.export(m, (x,), dynamic_shapes=({0: torch.export.Dim("batch", min=2)},))
+    with pytest.raises(ValueError, match="dynamic dimensions"):
+        exported_program_to_stablehlo(ep)
+
+
+def test_xm_get_stablehlo_of_pending_tensors():
+    m, x = _mnist()
+    dm = MNIST().eval()
+    dm.load_state_dict(m.state_dict())
+    dm = dm.to(XLA)
+    out = dm(x.to(XLA))
+    text = xm.get_stablehlo([out])
+    assert text.count("stablehlo.convolution") == 2
+    assert xm.get_stablehlo_bytecode([out])[:4] == b"ML\xefR"
+    assert_same(out, m(x), rtol=1e-5, atol=1e-5)       # reading the text ran nothing wrong
+
+
+_HLO_DEBUG = r"""
+import torch, torch_xla, torch_xla.core.xla_model as xm
+x = torch.arange(9.0).reshape(3, 3).to(torch_xla.device())
+y = torch.relu(x @ x - 20)
+z = y.sum() * 2
+print(xm.get_stablehlo([z]))
+print("VALUE", z.item())
+"""
+
+
+def test_xla_hlo_debug_locations_are_python_source_lines(tmp_path):
+    script = tmp_path / "user_code.py"
+    script.write_text(_HLO_DEBUG)
+    env = dict(os.environ, XLA_HLO_DEBUG="1", PJRT_DEVICE="CPU")
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "#loc" in res.stdout and "user_code.py:4" in res.stdout and "user_code.py:5" in res.stdout
+    x = torch.arange(9.0).reshape(3, 3)
+    assert float(res.stdout.split("VALUE")[1]) == (torch.relu(x @ x - 20).sum() * 2).item()

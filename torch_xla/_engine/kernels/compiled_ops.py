@@ -1,0 +1,29 @@
+"""Custom ops (`torch.ops.xla.*`) through which Dynamo graphs hold engine operations.
+
+`xm.all_reduce` on one tensor inside `torch.compile` becomes `torch.ops.xla.all_reduce`:
+Dynamo and aot_autograd trace it with the fake kernel (a tensor like the input) and the
+compiled graph runs the xla kernel, the same collective IR node `xm.all_reduce` makes.
+"""
+from __future__ import annotations
+
+import torch
+
+ALL_REDUCE = "all_reduce(Tensor input, str reduce_type, float scale, int[][] groups) -> Tensor"
+_engine_op = [None]   # kernels.engine_op, given by register()
+
+
+def _all_reduce_xla(input, reduce_type, scale, groups):
+    g = tuple(tuple(int(r) for r in grp) for grp in groups) or None
+    (out,) = _engine_op[0]("xla::all_reduce", [input], (reduce_type, float(scale), g), [(tuple(input.shape), input.dtype)])
+    return out
+
+
+def _all_reduce_fake(input, reduce_type, scale, groups):
+    return torch.empty_like(input)
+
+
+def register(library, engine_op) -> None:
+    _engine_op[0] = engine_op
+    library.define("xla", ALL_REDUCE)
+    library.impl_ns("xla", "all_reduce", _all_reduce_xla, "PrivateUse1")
+    library.impl_ns("xla", "all_reduce", _all_reduce_fake, "Meta")

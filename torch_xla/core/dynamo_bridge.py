@@ -1,0 +1,167 @@
+"""The TorchDynamo bridge: `torch.compile(model, backend='openxla')` (and `openxla_eval`).
+
+PyTorch's backend (`torch/_dynamo/backends/torchxla.py`) calls
+`extract_compiled_graph(graph_module, args)` with the FX graph and its first real inputs.
+The graph is run once on those inputs under the capture seam (`_engine/capture.py`): that
+one lazy trace gives a program with an explicit input order, the inputs it writes in
+place and its outputs, compiled once. Later calls with inputs of the same shapes run the
+compiled program on the inputs' device buffers (pending inputs are computed first): no
+per-op tracing, no graph hashing. Inputs of new shapes (or new Python values) trace and
+compile again; a graph that is not one XLA program (a CPU fallback or a host read inside
+it, CPU tensors among its inputs or outputs) is run through the lazy tracer at each call.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Sequence
+
+import torch
+from torch.utils import _pytree as pytree
+
+from .._dynamo import config
+from .._engine import capture as _capture, metrics, mode
+from .._engine.tensor import state_of
+
+_LAZY = "lazy"   # a graph that must be traced at every call
+
+
+class NoneRemover:
+    """Removes the None entries of an output list or tuple and puts them back."""
+
+    def __init__(self):
+        self.none_poslist: List[int] = []
+
+    def remove_nones(self, value: Sequence):
+        """Records where the Nones are; a list is edited in place, a tuple returned anew."""
+        self.none_poslist = [i for i, v in enumerate(value) if v is None]
+        kept = [v for v in value if v is not None]
+        if isinstance(value, list):
+            value[:] = kept
+            return value
+        return tuple(kept)
+
+    def add_nones(self, value: Sequence):
+        """Puts the recorded Nones back: a list in place, a tuple as a new tuple."""
+        out = list(value)
+        for pos in self.none_poslist:
+            out.insert(pos, None)
+        if isinstance(value, list):
+            value[:] = out
+            return value
+        return tuple(out)
+
+
+class GraphInputMatcher:
+    """Maps a graph's inputs to a call's arguments: `graph_input_xla_values[i]` is the
+    value captured for input i, or None where the input is one of the call's arguments
+    (then `__call__` takes it from the arguments)."""
+
+    def __init__(self, tensor_id_to_arg_idx: Dict[int, int], graph_input_tensor_ids: Sequence[int],
+                 graph_input_xla_values: Sequence[Any], xla_args_tensor_ids: Any):
+        self.tensor_id_to_arg_idx = dict(tensor_id_to_arg_idx)
+        self.graph_input_tensor_ids = list(graph_input_tensor_ids)
+        self.graph_input_xla_values = [None if tid in xla_args_tensor_ids else v
+                                       for tid, v in zip(graph_input_tensor_ids, graph_input_xla_values)]
+        self.arg_index = [self.tensor_id_to_arg_idx.get(tid) for tid in self.graph_input_tensor_ids]
+
+    def __call__(self, args: Sequence[Any]) -> List[Any]:
+        return [args[i] if v is None else v for i, v in zip(self.arg_index, self.graph_input_xla_values)]
+
+
+class UnsupportedNodesCollector(torch.fx.Interpreter):
+    """Runs an FX graph on the xla device and collects the nodes XLA cannot run as part of
+    one program: a CPU fallback inside, or CPU tensors among the results. The metrics are
+    left as they were."""
+
+    def __init__(self, module: torch.fx.GraphModule):
+        super().__init__(module)
+        self._unsupported: List[torch.fx.Node] = []
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        saved = dict(metrics.counters)
+        try:
+            return super().run(*args, **kwargs)
+        finally:
+            metrics.counters.clear()
+            metrics.counters.update(saved)
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        before = _fallbacks()
+        result = super().run_node(n)
+        if n.op in ("call_function", "call_method", "call_module"):
+            cpu = any(isinstance(v, torch.Tensor) and v.device.type != "xla" for v in pytree.tree_leaves(result))
+            if cpu or _fallbacks() != before:
+                self._unsupported.append(n)
+        return result
+
+    def get_unsupported_nodes(self) -> List[torch.fx.Node]:
+        return self._unsupported
+
+
+def _fallbacks() -> int:
+    return sum(v for k, v in metrics.counters.items() if k.startswith("aten::"))
+
+
+def _signature(args: Sequence[Any]) -> tuple:
+    return tuple((a.shape, a.dtype, a.device.type) if isinstance(a, torch.Tensor)
+                 else (type(a), a) for a in args)
+
+
+class CompiledGraph:
+    """A dynamo FX graph bound to XLA programs, one per input signature."""
+
+    def __init__(self, graph_module: Callable, name: str = "dynamo"):
+        self.graph_module = graph_module
+        self.name = name
+        self.programs: Dict[tuple, Any] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        key = _signature(args)
+        entry = self.programs.get(key)
+        if entry is None:
+            return self._first_call(key, args)
+        if entry is _LAZY:
+            with mode.lazy_scope():
+                return self.graph_module(*args)
+        program = entry
+        flat = _capture.input_tensors(args)
+        states = [state_of(t) for t in flat]
+        _check_inputs(states)
+        return pytree.tree_unflatten(program.run_flat(flat, states), program.out_tree)
+
+    def _first_call(self, key: tuple, args: Sequence[Any]) -> Any:
+        metrics.inc("DynamoExtractCompiledGraph")
+        tensor_pos = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        if any(args[i].device.type != "xla" for i in tensor_pos):
+            self.programs[key] = _LAZY
+            with mode.lazy_scope():
+                return self.graph_module(*args)
+        program, out = _capture.trace(self.graph_module, *args)
+        if program is None:
+            self.programs[key] = _LAZY
+        else:
+            program.executable()
+            self.programs[key] = program
+        return out
+
+
+def _check_inputs(states) -> None:
+    if config.skip_input_data_check and any(not s.is_data for s in states):
+        raise RuntimeError("input data to dynamo graph can not be a pending ir: call torch_xla.sync() "
+                           "first, or leave torch_xla._dynamo.config.skip_input_data_check False")
+
+
+def extract_compiled_graph(graph_module: torch.fx.GraphModule, args: Sequence[Any]) -> Callable:
+    """Binds a dynamo FX graph to XLA: returns a callable taking the graph's inputs.
+
+    The graph is traced and compiled for `args`' shapes at the callable's first call."""
+    return CompiledGraph(graph_module)
+
+
+def extract_compiled_graph_and_run(graph_module: torch.fx.GraphModule, args: Sequence[Any]) -> Any:
+    """`extract_compiled_graph(graph_module, args)(*args)`."""
+    return extract_compiled_graph(graph_module, args)(*args)
+
+
+__all__ = ["extract_compiled_graph", "NoneRemover", "CompiledGraph", "GraphInputMatcher",
+           "UnsupportedNodesCollector"]
+

@@ -1,0 +1,310 @@
+"""`torch_xla.stablehlo`: a `torch.export` program as StableHLO that runs anywhere.
+
+`exported_program_to_stablehlo(exported)` traces the exported graph once on the xla device
+(the capture seam, `_engine/capture.py`) and keeps one jax program per method whose
+arguments are the weights, then the flat user inputs. The result, a
+`StableHLOGraphModule`, runs on xla (or CPU) tensors, prints its StableHLO, and saves to a
+directory that plain jax can load and run without torch (the format: docs/stablehlo.md).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+from torch.utils import _pytree as pytree
+
+from ._engine import capture as _capture, ir, metrics, runtime
+from ._engine.executor.lower import build_fn
+from ._engine.tensor import make_tensor, state_of, wrap_user
+
+FORMAT_VERSION = 1
+
+
+@dataclasses.dataclass
+class StableHLOExportOptions:
+    """How a program is exported.
+
+    include_human_readable_text: also save the StableHLO text beside the program;
+    inline_all_constant: Python scalars of the graph become constants of the program
+      (False: program arguments, saved with the weights; 0 and 1 are always constants);
+    override_tracing_arguments / override_tracing_kwargs: trace on these inputs instead of
+      the exported program's example inputs;
+    save_weights: write the weights beside the program when saving;
+    export_weights: keep the weights in the module (False: the caller supplies them).
+    """
+    include_human_readable_text: bool = True
+    inline_all_constant: bool = True
+    override_tracing_arguments: Optional[tuple] = None
+    override_tracing_kwargs: Optional[dict] = None
+    save_weights: bool = True
+    export_weights: bool = True
+
+
+@dataclasses.dataclass
+class StableHLOFunc:
+    """One method: its serialized jax program and signature."""
+    serialized: bytes                    # jax.export serialization (loadable by jax alone)
+    weight_names: List[str]              # the program's first arguments, by state-dict name
+    input_avals: List[tuple]             # (shape, dtype name) of each flat user input
+    output_avals: List[tuple]
+    in_spec: str                         # pytree specs (torch.utils._pytree.treespec_dumps)
+    out_spec: str
+    text: str = ""
+
+    def exported(self):
+        jax = runtime.jax_module()
+        return jax.export.deserialize(bytearray(self.serialized))
+
+
+@dataclasses.dataclass
+class StableHLOModelBundle:
+    """What a saved export holds: the weights and the methods."""
+    state_dict: Dict[str, torch.Tensor]
+    methods: Dict[str, StableHLOFunc]
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _to_numpy(t: torch.Tensor) -> np.ndarray:
+    return runtime.to_numpy(t.detach().cpu())
+
+
+class StableHLOGraphModule:
+    """An exported program as StableHLO: call it like the model (xla or CPU tensors in,
+    xla tensors out), read its StableHLO, or `save` it."""
+
+    def __init__(self, bundle: StableHLOModelBundle):
+        self._bundle = bundle
+        self._calls: Dict[str, Any] = {}
+        self._device_weights: Optional[Dict[str, Any]] = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.call("forward", *args, **kwargs)
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Runs `method` on `args` (its flat inputs must match the traced shapes)."""
+        func = self._bundle.methods[method]
+        flat = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        got = [(tuple(a.shape), _dtype_name(a.dtype)) for a in flat]
+        want = [(tuple(s), d) for s, d in func.input_avals]
+        if got != want:
+            raise ValueError(f"StableHLOGraphModule.{method}: inputs {got}, the program was exported for {want}")
+        jax = runtime.jax_module()
+        fn = self._calls.get(method)
+        if fn is None:
+            fn = self._calls[method] = jax.jit(func.exported().call)
+        weights = self._weights(func)
+        arrays = [_array_of(t) for t in flat]
+        outs = fn(*weights, *arrays)
+        metrics.inc("ExecuteCount")
+        res = []
+        for o, (shape, dname) in zip(outs, func.output_avals):
+            shape, dtype = tuple(shape), getattr(torch, dname)
+            res.append(wrap_user(make_tensor(ir.DeviceData(o, (shape, dtype)), 0, shape, dtype)))
+        return pytree.tree_unflatten(res, pytree.treespec_loads(func.out_spec))
+
+    def _weights(self, func: StableHLOFunc) -> list:
+        if self._device_weights is None:
+            self._device_weights = {}
+        out = []
+        for name in func.weight_names:
+            a = self._device_weights.get(name)
+            if a is None:
+                t = self._bundle.state_dict.get(name)
+                if t is None:
+                    raise ValueError(f"StableHLOGraphModule: weight {name!r} is missing (the export was saved "
+                                     "without weights; put them in ._bundle.state_dict)")
+                a = self._device_weights[name] = runtime.put(_to_numpy(t))
+            out.append(a)
+        return out
+
+    def get_stablehlo_text(self, method: str = "forward") -> str:
+        """The StableHLO of `method`, as text."""
+        func = self._bundle.methods[method]
+        if not func.text:
+            func.text = func.exported().mlir_module()
+        return func.text
+
+    def get_stablehlo_bytecode(self, method: str = "forward") -> bytes:
+        """The StableHLO of `method` as portable MLIR bytecode."""
+        return bytes(self._bundle.methods[method].exported().mlir_module_serialized)
+
+    def save(self, path: os.PathLike, options: Optional[StableHLOExportOptions] = None) -> None:
+        """Writes the export to directory `path` (docs/stablehlo.md)."""
+        options = options or StableHLOExportOptions()
+        path = os.fspath(path)
+        os.makedirs(os.path.join(path, "functions"), exist_ok=True)
+        meta = {"format": "torch_xla.stablehlo", "version": FORMAT_VERSION, "methods": {}, "weights": {}}
+        for name, func in self._bundle.methods.items():
+            with open(os.path.join(path, "functions", f"{name}.jaxexport"), "wb") as f:
+                f.write(func.serialized)
+            with open(os.path.join(path, "functions", f"{name}.mlirbc"), "wb") as f:
+                f.write(self.get_stablehlo_bytecode(name))
+            if options.include_human_readable_text:
+                with open(os.path.join(path, "functions", f"{name}.mlir"), "w") as f:
+                    f.write(self.get_stablehlo_text(name))
+            meta["methods"][name] = {"weights": func.weight_names, "inputs": func.input_avals,
+                                     "outputs": func.output_avals, "in_spec": func.in_spec,
+                                     "out_spec": func.out_spec}
+        if options.save_weights and self._bundle.state_dict:
+            os.makedirs(os.path.join(path, "data"), exist_ok=True)
+            arrays = {}
+            for k, t in self._bundle.state_dict.items():
+                meta["weights"][k] = {"shape": list(t.shape), "dtype": _dtype_name(t.dtype)}
+                a = _to_numpy(t)
+                arrays[k] = a.view(np.uint16) if t.dtype == torch.bfloat16 else a
+            np.savez(os.path.join(path, "data", "weights.npz"), **arrays)
+        with open(os.path.join(path, "meta.json"), "w") as f:
+            json.dump(meta, f, indent=1)
+
+    @classmethod
+    def load(cls, path: os.PathLike) -> "StableHLOGraphModule":
+        """Reads an export written by `save`."""
+        path = os.fspath(path)
+        with open(os.path.join(path, "meta.json")) as f:
+            meta = json.load(f)
+        if meta.get("format") != "torch_xla.stablehlo" or meta.get("version", 0) > FORMAT_VERSION:
+            raise ValueError(f"{path} is not a torch_xla.stablehlo export this version can read")
+        methods = {}
+        for name, m in meta["methods"].items():
+            with open(os.path.join(path, "functions", f"{name}.jaxexport"), "rb") as f:
+                blob = f.read()
+            methods[name] = StableHLOFunc(blob, m["weights"], [tuple(a) for a in m["inputs"]],
+                                          [tuple(a) for a in m["outputs"]], m["in_spec"], m["out_spec"])
+        state = {}
+        wfile = os.path.join(path, "data", "weights.npz")
+        if os.path.exists(wfile):
+            with np.load(wfile) as z:
+                for k, info in meta["weights"].items():
+                    dtype = getattr(torch, info["dtype"])
+                    a = z[k]
+                    state[k] = (torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+                                if dtype == torch.bfloat16 else torch.from_numpy(a.copy()))
+        return cls(StableHLOModelBundle(state, methods))
+
+
+def _array_of(t: torch.Tensor):
+    if t.device.type != "xla":
+        return runtime.put(_to_numpy(t))
+    from ._engine import executor
+    return executor.materialize(state_of(t))
+
+
+def _check_static(exported: torch.export.ExportedProgram) -> None:
+    for node in exported.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and any(not isinstance(d, int) for d in val.shape):
+            raise ValueError(
+                f"exported_program_to_stablehlo: input {node.name} has dynamic dimensions {tuple(val.shape)}; "
+                "this exporter lowers with static shapes only: export with concrete shapes (no torch.export.Dim)")
+
+
+def exported_program_to_stablehlo(exported: torch.export.ExportedProgram,
+                                  options: Optional[StableHLOExportOptions] = None) -> StableHLOGraphModule:
+    """Lowers a `torch.export` program to StableHLO (traced once on the xla device)."""
+    options = options or StableHLOExportOptions()
+    _check_static(exported)
+    sig = exported.graph_signature
+    weights: Dict[str, torch.Tensor] = {}
+    weight_names: List[str] = []
+    for spec in sig.input_specs:
+        if spec.kind.name == "USER_INPUT":
+            continue
+        if spec.kind.name not in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR"):
+            raise ValueError(f"exported_program_to_stablehlo: inputs of kind {spec.kind.name} are not supported")
+        t = exported.state_dict.get(spec.target)
+        if t is None:
+            t = exported.constants[spec.target]
+        weights[spec.target] = t.detach()
+        weight_names.append(spec.target)
+    if options.override_tracing_arguments is not None:
+        args, kwargs = tuple(options.override_tracing_arguments), dict(options.override_tracing_kwargs or {})
+    else:
+        args, kwargs = exported.example_inputs
+    user_leaves, in_spec = pytree.tree_flatten((args, kwargs))
+    dev = torch.device("xla", 0)
+    xla_weights = [weights[n].to(dev) for n in weight_names]
+    xla_user = [a.detach().to(dev) if isinstance(a, torch.Tensor) else a for a in user_leaves]
+    user_out_pos = [i for i, s in enumerate(sig.output_specs) if s.kind.name == "USER_OUTPUT"]
+    gm = exported.graph_module
+
+    def run(*flat):
+        outs = gm(*flat)
+        outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+        return [outs[i] for i in user_out_pos]
+
+    with torch.no_grad():
+        program = _capture.capture(run, *xla_weights, *xla_user)
+    inputs = xla_weights + [a for a in xla_user if isinstance(a, torch.Tensor)]
+    fn, extra = _program_function(program, len(xla_weights), options.inline_all_constant)
+    jax = runtime.jax_module()
+    avals = [jax.ShapeDtypeStruct(tuple(t.shape), runtime.device_dtype(t.dtype))
+             for t in inputs[:len(xla_weights)] + extra + inputs[len(xla_weights):]]
+    exp = jax.export.export(jax.jit(fn))(*avals)
+    names = list(weight_names) + [f"__constant_{i}" for i in range(len(extra))]
+    state = dict(weights) if options.export_weights else {}
+    if options.export_weights:
+        state.update(zip(names[len(weight_names):], extra))
+    roots = program.graph.roots
+    out_spec = exported.call_spec.out_spec or pytree.tree_flatten([None] * len(roots))[1]
+    func = StableHLOFunc(
+        serialized=bytes(exp.serialize()), weight_names=names,
+        input_avals=[(list(t.shape), _dtype_name(t.dtype)) for t in inputs[len(xla_weights):]],
+        output_avals=[(list(n.avals[i][0]), _dtype_name(n.avals[i][1])) for n, i in roots[:program.n_out]],
+        in_spec=pytree.treespec_dumps(in_spec), out_spec=pytree.treespec_dumps(out_spec))
+    return StableHLOGraphModule(StableHLOModelBundle(state, {"forward": func}))
+
+
+def _program_function(program, n_weights: int, inline_all: bool):
+    """The captured program as a jax function of (weights, extra constants, flat user
+    tensors), and the extra constants' values. Every slot that is not an input is inlined
+    as a constant, except Python scalars when not `inline_all`: those become the extra
+    arguments. An input the program does not read is accepted and ignored."""
+    import jax.numpy as jnp
+    graph = program.graph
+    base = build_fn(graph, False)
+    slots = program.input_slots
+    used = {s for s in slots if s >= 0}
+    extra_slots, extra_values, consts = [], [], {}
+    for s, (p, v) in enumerate(zip(graph.params, program.captured)):
+        if s in used:
+            continue
+        if type(p) is ir.ScalarParam and not inline_all:
+            extra_slots.append(s)
+            extra_values.append(torch.tensor(p.value, dtype=p.avals[0][1]))
+        else:
+            consts[s] = np.asarray(v)
+    order = slots[:n_weights] + extra_slots + slots[n_weights:]
+    n = len(graph.params)
+
+    def fn(*args):
+        params = [None] * n
+        for s, a in zip(order, args):
+            if s >= 0:
+                params[s] = a
+        for s, v in consts.items():
+            params[s] = jnp.asarray(v)
+        return tuple(base(*params)[:program.n_out])
+    return fn, extra_values
+
+
+def save_as_stablehlo(exported_model: torch.export.ExportedProgram, stablehlo_dir: os.PathLike,
+                      options: Optional[StableHLOExportOptions] = None) -> None:
+    """Exports `exported_model` to StableHLO and saves it in `stablehlo_dir`."""
+    options = options or StableHLOExportOptions()
+    exported_program_to_stablehlo(exported_model, options).save(stablehlo_dir, options)
+
+
+def save_torch_model_as_stablehlo(torchmodel: torch.nn.Module, args: Sequence[Any], path: os.PathLike,
+                                  options: Optional[StableHLOExportOptions] = None) -> None:
+    """`torch.export.export(torchmodel, args)`, then `save_as_stablehlo`."""
+    exported = torch.export.export(torchmodel, tuple(args))
+    save_as_stablehlo(exported, path, options)
