@@ -370,3 +370,25 @@ def test_abandoned_per_device_value_does_not_break_the_barrier():
     xm.mark_step()
     torch.testing.assert_close(y.cpu(), torch.full((8,), 2.0))
     assert tuple(left.shape) == (2,)
+
+
+def test_torch_compile_on_sharded_inputs_and_mark_sharding_inside():
+    m = mesh((4, 1), ("data", "model"))
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    model = copy.deepcopy(ref).to("xla")
+    xs.mark_sharding(model[0].weight, m, ("data", None))
+    compiled = torch.compile(model, backend="openxla")
+    x = torch.randn(8, 16)
+    xx = x.to("xla")
+    xs.mark_sharding(xx, m, ("data", None))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(xx).cpu(), ref(x), rtol=1e-5, atol=1e-5)
+
+    def f(t):
+        y = t * 2
+        xs.mark_sharding(y, m, ("data", None))  # a graph break: runs between the two graphs
+        return y + 1
+    r = torch.compile(f, backend="openxla")(xx)
+    torch.testing.assert_close(r.cpu(), x * 2 + 1)
+    assert torch_xla._XLAC._get_xla_sharding_spec(r) == "{devices=[4,1]0,1,2,3}"

@@ -86,11 +86,13 @@ REGISTRY: List[Patch] = [
           "import of torch_xla.distributed.xla_backend", None,
           "the documented `init_process_group('xla', init_method='xla://')`"),
     Patch("dynamo_skips_engine", "TorchDynamo's trace rules: `torch_xla._engine`, `torch_xla._XLAC`, "
-          "`jax`, `jaxlib` and `ml_dtypes` added to its skipped files", "import of torch._dynamo",
+          "`torch_xla.distributed.spmd`, `jax`, `jaxlib` and `ml_dtypes` added to its skipped files",
+          "import of torch._dynamo",
           "none (torch.compile needs it)",
           "the xla device's kernels are Python: Dynamo must run them, and what they call, as "
           "it runs C++ kernels, instead of tracing into them (a call that reaches the engine "
-          "in a compiled function is a graph break; `xm.all_reduce` of one tensor is an op)"),
+          "in a compiled function is a graph break; `xm.all_reduce` of one tensor is an op; "
+          "`mark_sharding` runs between the graphs it splits)"),
 ]
 _BY_NAME = {p.name: p for p in REGISTRY}
 
@@ -165,7 +167,8 @@ def install_dynamo_skips() -> None:
 
 
 def _skip_engine(rules) -> None:
-    for name in ("torch_xla._engine", "torch_xla._XLAC", "jax", "jaxlib", "ml_dtypes"):
+    for name in ("torch_xla._engine", "torch_xla._XLAC", "torch_xla.distributed.spmd", "jax", "jaxlib",
+                 "ml_dtypes"):
         rules.add(name)
 
 
