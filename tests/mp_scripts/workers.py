@@ -292,3 +292,13 @@ def compiled_all_reduce_job(index: int, steps: int = 2):
     compiled = torch.compile(reduce, backend="openxla", fullgraph=True)
     r = xr.global_ordinal()
     return [compiled(rank_input(r, (2, 3)).add(k).to(torch_xla.device())).cpu() for k in range(steps)]
+
+
+def use_spmd_job(index: int):
+    """A replica asks for SPMD mode: refused (one process per device is replication)."""
+    import torch_xla.runtime as xr
+    try:
+        xr.use_spmd()
+    except RuntimeError as e:
+        return f"refused: {e}"
+    return "accepted"

@@ -392,3 +392,21 @@ def test_torch_compile_on_sharded_inputs_and_mark_sharding_inside():
     r = torch.compile(f, backend="openxla")(xx)
     torch.testing.assert_close(r.cpu(), x * 2 + 1)
     assert torch_xla._XLAC._get_xla_sharding_spec(r) == "{devices=[4,1]0,1,2,3}"
+
+
+def test_visualize_tensor_sharding_shows_each_devices_tile():
+    import rich.console
+    from torch_xla.distributed.spmd.debugging import visualize_sharding, visualize_tensor_sharding
+    x = torch.zeros(8, 8).to("xla")
+    xs.mark_sharding(x, mesh((2, 2)), (0, 1))
+    console = rich.console.Console(width=80)
+    with console.capture() as cap:
+        console.print(visualize_tensor_sharding(x, use_color=False))
+    text = cap.get()
+    for d in range(4):
+        assert f"CPU {d}" in text
+    with console.capture() as cap:
+        console.print(visualize_sharding("{devices=[2,1,2]0,1,2,3 last_tile_dim_replicate}", use_color=False))
+    assert "CPU [0, 1]" in cap.get() and "CPU [2, 3]" in cap.get()
+    with pytest.raises(ValueError, match="cannot read"):
+        visualize_sharding("{maximal device=0}")
