@@ -5,7 +5,8 @@
 Each mode is a fresh `torch_xla.launch` job of 2 processes (global batch 16 x 512, 8 per
 process). ddp: whole model and Adam state on every process, gradients all-reduced
 (`xm.optimizer_step`). fsdp: each decoder layer and the whole model wrapped in
-XlaFullyShardedDataParallel (transformer_auto_wrap_policy), Adam on the shards. Reported
+XlaFullyShardedDataParallel (transformer_auto_wrap_policy), Adam on the shards; fsdp_keep:
+the same with reshard_after_forward=False. Reported
 per process: median step time after warm-up (each step waits for the device), peak RSS
 (VmHWM) and the bytes of parameters + gradients + optimizer state it holds. --wide: a
 weight-heavy decoder (hidden 1024, intermediate 4096, 4 layers, vocab 8000, global batch
@@ -52,11 +53,12 @@ def _job(index: int, mode: str, steps: int, quick: bool, out: str, wide: bool = 
     dev = torch_xla.device()
     torch.manual_seed(0)
     model = wl.make_model()
-    if mode == "fsdp":
+    if mode.startswith("fsdp"):
         from torch_xla.distributed.fsdp import XlaFullyShardedDataParallel as FSDP
         from torch_xla.distributed.fsdp.wrap import transformer_auto_wrap_policy
-        model = FSDP(model, auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
-                                                               transformer_layer_cls={mt.DecoderLayer}))
+        model = FSDP(model, reshard_after_forward=mode != "fsdp_keep",
+                     auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
+                                                        transformer_layer_cls={mt.DecoderLayer}))
     else:
         model = model.to(dev)
         xm.broadcast_master_param(model)
@@ -70,7 +72,7 @@ def _job(index: int, mode: str, steps: int, quick: bool, out: str, wide: bool = 
         opt.zero_grad()
         loss = wl.loss_fn(model, ids, labels)
         loss.backward()
-        if mode == "fsdp":
+        if mode.startswith("fsdp"):
             opt.step()
         else:
             xm.optimizer_step(opt)
