@@ -141,6 +141,9 @@ def test_compute_dtype_one_process():
     from torch_xla.distributed.fsdp import XlaFullyShardedDataParallel as FSDP
     ref = fw.net()
     m = FSDP(fw.net(), compute_dtype=torch.bfloat16, fp32_reduce_scatter=True)
+    assert isinstance(m.fc1, nn.Linear) and m.module is m._fsdp_wrapped_module  # attributes of the wrapped module
+    with pytest.raises(RuntimeError, match="already wrapped"):
+        FSDP(m)
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
     for step in range(2):

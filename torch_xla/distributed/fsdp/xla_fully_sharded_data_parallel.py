@@ -253,6 +253,18 @@ class XlaFullyShardedDataParallel(nn.Module):
     def module(self) -> nn.Module:
         return self._fsdp_wrapped_module
 
+    def __getattr__(self, name: str) -> Any:
+        """Attributes this wrapper lacks come from the wrapped module."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "_fsdp_wrapped_module":
+                raise
+            return getattr(self._fsdp_wrapped_module, name)
+
+    def __getitem__(self, key: int) -> nn.Module:
+        return self._fsdp_wrapped_module.__getitem__(key)
+
     @property
     def sharded_params(self) -> List[nn.Parameter]:
         return [g.shard for g in self._groups]
