@@ -106,6 +106,7 @@ def test_list_collectives(job):
         r = o["rank"]
         total = [sum(x.repeat(2, 1) for x in a), sum(x.repeat(2) for x in b)]
         torch.testing.assert_close(c["rs"], [total[0][2 * r:2 * r + 2], total[1][4 * r:4 * r + 4]])
+        torch.testing.assert_close(c["rs_out"], [total[0][2 * r:2 * r + 2]])
 
 
 def test_wrap_policies_are_generic():
