@@ -1,13 +1,16 @@
 """FSDP vs DDP: the decoder trained on 2 processes, step time and per-process peak memory.
 
-    PJRT_DEVICE=CPU python bench/bench_fsdp.py [--steps N] [--quick] [--modes ddp,fsdp]
+    PJRT_DEVICE=CPU python bench/bench_fsdp.py [--steps N] [--quick] [--wide] [--modes ddp,fsdp]
 
 Each mode is a fresh `torch_xla.launch` job of 2 processes (global batch 16 x 512, 8 per
 process). ddp: whole model and Adam state on every process, gradients all-reduced
 (`xm.optimizer_step`). fsdp: each decoder layer and the whole model wrapped in
-XlaFullyShardedDataParallel (transformer_auto_wrap_policy), Adam on the shards. Reported
+XlaFullyShardedDataParallel (transformer_auto_wrap_policy), Adam on the shards; fsdp_keep:
+the same with reshard_after_forward=False. Reported
 per process: median step time after warm-up (each step waits for the device), peak RSS
-(VmHWM) and the bytes of parameters + gradients + optimizer state it holds.
+(VmHWM) and the bytes of parameters + gradients + optimizer state it holds. --wide: a
+weight-heavy decoder (hidden 1024, intermediate 4096, 4 layers, vocab 8000, global batch
+4 x 128) where the model state, not the activations, dominates memory.
 """
 from __future__ import annotations
 
@@ -26,7 +29,16 @@ def _bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
-def _job(index: int, mode: str, steps: int, quick: bool, out: str) -> None:
+def _workload(quick: bool, wide: bool):
+    import models_torch as mt
+    if wide:
+        cfg = mt.DecoderConfig(hidden_size=1024, intermediate_size=4096, num_hidden_layers=4,
+                               num_attention_heads=8, num_key_value_heads=4, vocab_size=8000, max_seq=128)
+        return mt.decoder_workload(4, 128, cfg)
+    return mt.workload("decoder", quick)
+
+
+def _job(index: int, mode: str, steps: int, quick: bool, out: str, wide: bool = False) -> None:
     import functools
 
     import torch
@@ -36,16 +48,17 @@ def _job(index: int, mode: str, steps: int, quick: bool, out: str) -> None:
     import common
     import models_torch as mt
 
-    wl = mt.workload("decoder", quick)
+    wl = _workload(quick, wide)
     n, r = xr.world_size(), xr.global_ordinal()
     dev = torch_xla.device()
     torch.manual_seed(0)
     model = wl.make_model()
-    if mode == "fsdp":
+    if mode.startswith("fsdp"):
         from torch_xla.distributed.fsdp import XlaFullyShardedDataParallel as FSDP
         from torch_xla.distributed.fsdp.wrap import transformer_auto_wrap_policy
-        model = FSDP(model, auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
-                                                               transformer_layer_cls={mt.DecoderLayer}))
+        model = FSDP(model, reshard_after_forward=mode != "fsdp_keep",
+                     auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
+                                                        transformer_layer_cls={mt.DecoderLayer}))
     else:
         model = model.to(dev)
         xm.broadcast_master_param(model)
@@ -59,7 +72,7 @@ def _job(index: int, mode: str, steps: int, quick: bool, out: str) -> None:
         opt.zero_grad()
         loss = wl.loss_fn(model, ids, labels)
         loss.backward()
-        if mode == "fsdp":
+        if mode.startswith("fsdp"):
             opt.step()
         else:
             xm.optimizer_step(opt)
@@ -74,10 +87,10 @@ def _job(index: int, mode: str, steps: int, quick: bool, out: str) -> None:
         json.dump(res, f)
 
 
-def _worker(mode: str, steps: int, quick: bool) -> None:
+def _worker(mode: str, steps: int, quick: bool, wide: bool) -> None:
     import torch_xla
     out = f"/tmp/bench_fsdp_{os.getpid()}"
-    torch_xla.launch(_job, args=(mode, steps, quick, out))
+    torch_xla.launch(_job, args=(mode, steps, quick, out, wide))
     res = []
     for r in range(2):
         with open(f"{out}.{r}") as f:
@@ -90,16 +103,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--wide", action="store_true")
     ap.add_argument("--modes", default="ddp,fsdp")
     ap.add_argument("--worker", default=None)
     a = ap.parse_args()
     if a.worker:
-        _worker(a.worker, a.steps, a.quick)
+        _worker(a.worker, a.steps, a.quick, a.wide)
         return
     env = dict(os.environ, PJRT_DEVICE="CPU", CPU_NUM_DEVICES="2")
     rows = []
     for mode in a.modes.split(","):
-        cmd = [sys.executable, __file__, "--worker", mode, "--steps", str(a.steps)] + (["--quick"] if a.quick else [])
+        cmd = [sys.executable, __file__, "--worker", mode, "--steps", str(a.steps)] + (["--quick"] if a.quick else []) + (["--wide"] if a.wide else [])
         p = subprocess.run(cmd, env=env, capture_output=True, text=True)
         line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
         if p.returncode or not line:

@@ -91,3 +91,10 @@ def test_gradient_accumulation_matches_manual_cpu_loop():
         gradient_accumulation(step, (to_xla(x), to_xla(y[:2])), m, to_xla(c))
     with pytest.raises(ValueError, match="cannot be empty"):
         gradient_accumulation(step, (), m)
+
+    def impure(xi, yi, carried):
+        carried += 1
+        return F.mse_loss(m(xi), yi), carried
+
+    with pytest.raises(AssertionError, match="in place"):
+        gradient_accumulation(impure, (to_xla(x), to_xla(y)), m, to_xla(c))

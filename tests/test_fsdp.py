@@ -106,6 +106,7 @@ def test_list_collectives(job):
         r = o["rank"]
         total = [sum(x.repeat(2, 1) for x in a), sum(x.repeat(2) for x in b)]
         torch.testing.assert_close(c["rs"], [total[0][2 * r:2 * r + 2], total[1][4 * r:4 * r + 4]])
+        torch.testing.assert_close(c["rs_out"], [total[0][2 * r:2 * r + 2]])
 
 
 def test_wrap_policies_are_generic():
@@ -132,3 +133,35 @@ def test_wrap_policies_are_generic():
     # Bottom-up: each Block's `a` (72 parameters) is wrapped, leaving 18 in the Block.
     assert [type(c).__name__ for c in m] == ["Block", "Linear", "Block"]
     assert type(m[0].a).__name__ == "Wrapper" and isinstance(m[0].b, nn.Linear)
+
+
+def test_compute_dtype_one_process():
+    """bfloat16 compute with float32 shards: the CPU computes with a bfloat16 copy of the
+    weights and applies its gradients to the float32 weights."""
+    import torch_xla
+    from torch_xla.distributed.fsdp import XlaFullyShardedDataParallel as FSDP
+    ref = fw.net()
+    m = FSDP(fw.net(), compute_dtype=torch.bfloat16, fp32_reduce_scatter=True)
+    assert isinstance(m.fc1, nn.Linear) and m.module is m._fsdp_wrapped_module  # attributes of the wrapped module
+    with pytest.raises(RuntimeError, match="already wrapped"):
+        FSDP(m)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for step in range(2):
+        x, y = fw.batch(step, 1)
+        low = copy.deepcopy(ref).to(torch.bfloat16)
+        rl = F.nll_loss(low(x.to(torch.bfloat16)).float(), y)
+        rl.backward()
+        for p, q in zip(ref.parameters(), low.parameters()):
+            p.grad = q.grad.float()
+        ropt.step()
+        opt.zero_grad()
+        loss = F.nll_loss(m(x.to("xla")).float(), y.to("xla"))
+        loss.backward()
+        opt.step()
+        torch_xla.sync()
+        assert loss.dtype == torch.float32 and all(p.dtype == torch.float32 for p in m.parameters())
+        torch.testing.assert_close(loss.cpu(), rl.detach(), rtol=2e-2, atol=2e-2)
+    full = consolidate_sharded_state_dicts([m.state_dict()], [m.get_shard_metadata()])
+    assert full["gain"].dtype == torch.float32  # buffers come back in their own dtype
+    torch.testing.assert_close(full, ref.state_dict(), rtol=2e-2, atol=2e-2)

@@ -106,8 +106,12 @@ def fsdp_job(index: int, ckpt_dir: str):
     rs = xm.reduce_scatter_bucketized("sum", [a.repeat(n, 1), b.repeat(n)], 1.0, 0, n, bucket_cap_mb=1e-5)
     outs = [torch.zeros(2 * n, 3, device=dev), torch.zeros(4 * n, device=dev)]
     xm.all_gather([a, b], dim=0, output=outs)
+    rs_out = [torch.zeros(2 * n, 3, device=dev)]  # takes the shard's shape, as in PyTorch/XLA
+    rs_ret = xm.reduce_scatter("sum", [a.repeat(n, 1)], 1.0, 0, n, output=rs_out)
+    assert rs_ret is rs_out
     xm.mark_step()
     out["collectives"] = {"gathered": [t.cpu() for t in gathered], "bucketed": [t.cpu() for t in bucketed],
-                          "rs": [t.cpu() for t in rs], "out": [t.cpu() for t in outs]}
+                          "rs": [t.cpu() for t in rs], "out": [t.cpu() for t in outs],
+                          "rs_out": [t.cpu() for t in rs_out]}
     faulthandler.cancel_dump_traceback_later()
     return out

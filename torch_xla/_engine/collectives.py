@@ -36,7 +36,10 @@ def _group_size(groups) -> int:
 
 
 def _assign(dst: torch.Tensor, value: torch.Tensor) -> None:
+    """`dst` takes `value` (and its shape, as PyTorch/XLA's `output=` does)."""
     with torch.no_grad():
+        if dst.shape != value.shape:
+            dst.resize_(value.shape)
         dst.copy_(value)
 
 

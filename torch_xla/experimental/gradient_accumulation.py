@@ -19,7 +19,8 @@ def gradient_accumulation(train_step: Callable[..., Any], iterable_tensors: Tupl
     """Runs `train_step(*slices, *carried)` for each index of the leading dimension of
     `iterable_tensors`, back-propagating `loss / steps` each time.
 
-    train_step returns the loss, or (loss, *new_carried) when carried tensors are given.
+    train_step returns the loss, or (loss, *new_carried) when carried tensors are given; it
+    must not modify its inputs in place (AssertionError, as PyTorch/XLA's check).
     Returns the accumulated loss, followed by the final carried tensors if any."""
     if not iterable_tensors:
         raise ValueError("iterable_tensors cannot be empty")
@@ -34,7 +35,12 @@ def gradient_accumulation(train_step: Callable[..., Any], iterable_tensors: Tupl
     carried = tuple(carried_tensors)
     total = None
     for i in range(steps):
+        inputs = tuple(iterable_tensors) + carried
+        versions = [t._version for t in inputs]
         result = train_step(*(t[i] for t in iterable_tensors), *carried)
+        if [t._version for t in inputs] != versions:
+            raise AssertionError("gradient_accumulation: train_step mutated one of its input tensors in place; "
+                                 "it must be pure (return new carried tensors instead)")
         if carried:
             loss, *rest = result
             if len(rest) != len(carried):

@@ -57,7 +57,7 @@ class _AllGather(torch.autograd.Function):
     def forward(ctx, shard, fsdp, after=None):
         ctx.fsdp = fsdp
         ctx.dtype = shard.dtype
-        x = shard
+        x = shard if shard.dtype == fsdp.compute_dtype else shard.to(fsdp.compute_dtype)
         if after is not None:
             x = _coll.optimization_barrier([x, after])[0]
         elif fsdp.optimization_barrier_in_forward:
@@ -253,6 +253,18 @@ class XlaFullyShardedDataParallel(nn.Module):
     def module(self) -> nn.Module:
         return self._fsdp_wrapped_module
 
+    def __getattr__(self, name: str) -> Any:
+        """Attributes this wrapper lacks come from the wrapped module."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "_fsdp_wrapped_module":
+                raise
+            return getattr(self._fsdp_wrapped_module, name)
+
+    def __getitem__(self, key: int) -> nn.Module:
+        return self._fsdp_wrapped_module.__getitem__(key)
+
     @property
     def sharded_params(self) -> List[nn.Parameter]:
         return [g.shard for g in self._groups]
@@ -265,12 +277,11 @@ class XlaFullyShardedDataParallel(nn.Module):
             after = None
         for g in self._groups:
             s = g.shard
-            if s.dtype != self.compute_dtype:
-                s = s.to(self.compute_dtype)
             if torch.is_grad_enabled() and g.requires_grad:
-                full = _AllGather.apply(s, self, after)
+                full = _AllGather.apply(s, self, after)  # casts to compute_dtype inside
             else:
-                x = s.detach() if after is None else _coll.optimization_barrier([s.detach(), after])[0]
+                s = s.detach() if s.dtype == self.compute_dtype else s.detach().to(self.compute_dtype)
+                x = s if after is None else _coll.optimization_barrier([s, after])[0]
                 full = _coll.all_gather(x, 0, self.sharding_groups)
             if g.dim0:
                 out.append([full[:g.sizes[0][0]]])
