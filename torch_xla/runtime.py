@@ -106,7 +106,8 @@ def global_runtime_device_attributes() -> List[Dict[str, object]]:
     out = []
     for i, d in enumerate(_sharding.global_devices()):
         attrs = {"name": f"{_rt.platform()}:{i}", "kind": d.device_kind, "process_index": d.process_index}
-        for k in ("coords", "core_on_chip", "slice_index"):
+        # TPU topology (CPU devices report a slice index too, meaningless there).
+        for k in (("coords", "core_on_chip", "slice_index") if _rt.platform() == "TPU" else ()):
             v = getattr(d, k, None)
             if v is not None:
                 attrs[k] = list(v) if isinstance(v, (list, tuple)) else v

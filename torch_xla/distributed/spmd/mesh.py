@@ -198,11 +198,20 @@ class HybridMesh(Mesh):
         dcn = tuple(int(s) for s in dcn_mesh_shape) if dcn_mesh_shape is not None else (1,) * len(ici)
         _check(len(ici) == len(dcn), f"ici_mesh_shape {ici} and dcn_mesh_shape {dcn} differ in length")
         self.ici_mesh_shape, self.dcn_mesh_shape = ici, dcn
-        devices = _sh.global_devices()
-        hosts = sorted({d.process_index for d in devices})
-        _check(math.prod(dcn) == len(hosts),
-               f"dcn_mesh_shape {dcn} has {math.prod(dcn)} hosts, the job has {len(hosts)}")
-        per_host = [[i for i, d in enumerate(devices) if d.process_index == h] for h in hosts]
+        # Granules: TPU slices where devices have a slice index, else hosts (processes).
+        # Within one, devices in physical order (coordinates, last axis slowest), else by id.
+        attrs = xr.global_runtime_device_attributes()
+        key = "slice_index" if "slice_index" in attrs[0] else "process_index"
+        if key == "slice_index" and math.prod(dcn) == 1 and len({a[key] for a in attrs}) > 1:
+            raise ValueError("provide dcn_mesh_shape to make a mesh over several slices")
+        granules = sorted({a.get(key, 0) for a in attrs})
+        _check(math.prod(dcn) == len(granules),
+               f"dcn_mesh_shape {dcn} has {math.prod(dcn)} hosts/slices, the job has {len(granules)}")
+
+        def order(a):
+            return (tuple(reversed(a.get("coords", ()))), a.get("core_on_chip", 0), _device_id(a))
+        per_host = [[_device_id(a) for a in sorted((a for a in attrs if a.get(key, 0) == g), key=order)]
+                    for g in granules]
         _check(all(len(p) == math.prod(ici) for p in per_host),
                f"ici_mesh_shape {ici} needs {math.prod(ici)} devices per host, hosts have "
                f"{[len(p) for p in per_host]}")
@@ -212,6 +221,11 @@ class HybridMesh(Mesh):
         order = [a for i in range(nd) for a in (i, nd + i)]
         ids = grid.transpose(order).reshape(tuple(i * d for i, d in zip(ici, dcn)))
         super().__init__(ids.reshape(-1), tuple(i * d for i, d in zip(ici, dcn)), axis_names)
+
+
+def _device_id(attrs: dict) -> int:
+    """The logical id in a device's name ('TPU:3' -> 3)."""
+    return int(str(attrs["name"]).rsplit(":", 1)[-1])
 
 
 class ShardingType(IntEnum):
