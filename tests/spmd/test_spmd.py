@@ -410,3 +410,28 @@ def test_visualize_tensor_sharding_shows_each_devices_tile():
     assert "CPU [0, 1]" in cap.get() and "CPU [2, 3]" in cap.get()
     with pytest.raises(ValueError, match="cannot read"):
         visualize_sharding("{maximal device=0}")
+
+
+def test_mark_sharding_function_under_aot_autograd_is_a_graph_op():
+    from functorch.compile import aot_function, make_boxed_func
+    from torch_xla.distributed.spmd.xla_sharding import MarkShardingFunction
+    m = mesh((4,))
+    graphs = []
+
+    def keep(gm, _):
+        graphs.append(gm)
+        return make_boxed_func(gm)
+
+    def f(x):
+        return MarkShardingFunction.apply(torch.sin(x), m, (0,)) * 3
+
+    t = torch.randn(8)
+    x = t.to("xla").requires_grad_(True)
+    y = aot_function(f, keep)(x)
+    y.sum().backward()
+    xm.mark_step()
+    torch.testing.assert_close(y.cpu(), torch.sin(t) * 3)
+    torch.testing.assert_close(x.grad.cpu(), torch.cos(t) * 3)
+    assert torch_xla._XLAC._get_xla_sharding_spec(y) == "{devices=[4]0,1,2,3}"
+    assert torch_xla._XLAC._get_xla_sharding_spec(x.grad) == "{devices=[4]0,1,2,3}"
+    assert all("xla.mark_sharding" in g.code for g in graphs)

@@ -331,6 +331,32 @@ def data_sharding(t):
     return None
 
 
+def layout_key(device_ids, mesh_shape, axis_names, spec) -> str:
+    """A NamedSharding as text (the argument of the graph op `xla::mark_sharding`)."""
+    import json
+
+    def entry(e):
+        return list(e) if isinstance(e, tuple) else e
+    return json.dumps({"ids": [int(i) for i in np.asarray(device_ids).reshape(-1)],
+                       "shape": [int(s) for s in mesh_shape], "names": list(axis_names),
+                       "spec": [entry(e) for e in spec]})
+
+
+_from_key: Dict[str, object] = {}
+
+
+def from_layout_key(key: str):
+    """The NamedSharding of a `layout_key` text (made once per text)."""
+    sh = _from_key.get(key)
+    if sh is None:
+        import json
+        d = json.loads(key)
+        mesh = jax_mesh(d["ids"], tuple(d["shape"]), tuple(d["names"]))
+        spec = tuple(tuple(e) if isinstance(e, list) else e for e in d["spec"])
+        sh = _from_key[key] = named_sharding(mesh, spec)
+    return sh
+
+
 def set_array(t, array) -> None:
     """Makes `array` (laid out as it is) the value of xla tensor `t`."""
     s = _tensor.unwrap(t)._xla

@@ -27,3 +27,27 @@ def register(library, engine_op) -> None:
     library.define("xla", ALL_REDUCE)
     library.impl_ns("xla", "all_reduce", _all_reduce_xla, "PrivateUse1")
     library.impl_ns("xla", "all_reduce", _all_reduce_fake, "Meta")
+    register_mark_sharding(library)
+
+
+# A sharding constraint as a graph op: `MarkShardingFunction` under aot_autograd / export
+# tracing records `torch.ops.xla.mark_sharding` (the layout is its string argument, made
+# by `sharding.layout_key`), and running the graph applies it on the device.
+MARK_SHARDING = "mark_sharding(Tensor input, str layout) -> Tensor"
+
+
+def _mark_sharding_xla(input, layout):
+    from .. import sharding
+    sh = sharding.from_layout_key(layout)
+    (out,) = _engine_op[0]("xla::sharding_constraint", [input], (sh,), [(tuple(input.shape), input.dtype)])
+    return out
+
+
+def _mark_sharding_fake(input, layout):
+    return torch.empty_like(input)
+
+
+def register_mark_sharding(library) -> None:
+    library.define("xla", MARK_SHARDING)
+    library.impl_ns("xla", "mark_sharding", _mark_sharding_xla, "PrivateUse1")
+    library.impl_ns("xla", "mark_sharding", _mark_sharding_fake, "Meta")

@@ -85,15 +85,31 @@ class MarkShardingFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, t: torch.Tensor, mesh: Mesh, partition_spec: PartitionSpec) -> torch.Tensor:
         ctx.mesh, ctx.spec = mesh, tuple(partition_spec)
+        if _traced(t):
+            return _graph_op(t, mesh, ctx.spec)
         out = t.clone() if t.requires_grad or _tensor.is_functional(t) else t
         mark_sharding(out, mesh, partition_spec)
         return out
 
     @staticmethod
     def backward(ctx, grad):
+        if _traced(grad):
+            return _graph_op(grad, ctx.mesh, ctx.spec), None, None
         grad = grad.clone()
         mark_sharding(grad, ctx.mesh, ctx.spec)
         return grad, None, None
+
+
+def _traced(t: torch.Tensor) -> bool:
+    """Whether `t` is a tracer's stand-in (aot_autograd / export), not an xla tensor."""
+    return type(t).__name__ in ("FunctionalTensor", "FakeTensor")
+
+
+def _graph_op(t: torch.Tensor, mesh: Mesh, spec: tuple) -> torch.Tensor:
+    """The annotation as an op of the traced graph (`torch.ops.xla.mark_sharding`)."""
+    _check_spec(t, spec)
+    key = _sh.layout_key(mesh.device_ids, mesh.mesh_shape, mesh._jax_names(), mesh.jax_spec(spec))
+    return torch.ops.xla.mark_sharding(t, key)
 
 
 def mark_sharding_with_gradients(t: torch.Tensor, mesh: Mesh, partition_spec: PartitionSpec) -> torch.Tensor:
