@@ -435,3 +435,11 @@ def test_mark_sharding_function_under_aot_autograd_is_a_graph_op():
     assert torch_xla._XLAC._get_xla_sharding_spec(y) == "{devices=[4]0,1,2,3}"
     assert torch_xla._XLAC._get_xla_sharding_spec(x.grad) == "{devices=[4]0,1,2,3}"
     assert all("xla.mark_sharding" in g.code for g in graphs)
+
+
+def test_manual_region_refuses_an_uneven_dimension():
+    m = mesh((4,))
+    x = torch.arange(5.).to("xla")
+    with pytest.raises(RuntimeError, match="split evenly"):
+        xs.enable_manual_sharding(x, (0,), mesh=m)
+    torch.testing.assert_close((x * 2).cpu(), torch.arange(5.) * 2)  # padded layout still computes
