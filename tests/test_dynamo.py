@@ -220,3 +220,31 @@ def test_dynamo_alias_modules():
     assert r.remove_nones(t) == ("a", "b") and r.add_nones(("a", "b")) == t
     import torch_xla._dynamo.config as config
     assert config.skip_input_data_check is False
+
+
+def test_torch_xla_compile_method_in_eager_mode():
+    import torch_xla
+    from torch_xla.experimental import eager_mode
+
+    class M:
+        @torch_xla.compile
+        def f(self, t):
+            return torch.cos(torch.sin(t)) * 2
+
+        @torch_xla.compile(full_graph=True, name="breaks")
+        def g(self, t):
+            return t * 2 if t[0] > 0 else t * 3     # a host read inside
+
+    x = torch.randn(4)
+    eager_mode(True)
+    try:
+        met.clear_all()
+        xd = x.to(XLA) * 1.0                           # an op run eagerly
+        assert met.metric_data("EagerOpExecuteTime")[0] >= 1
+        met.clear_all()
+        assert_same(M().f(xd), torch.cos(torch.sin(x)) * 2)
+        assert met.metric_data("ExecuteTime")[0] == 1 and "EagerOpExecuteTime" not in met.metric_names()
+        with pytest.raises(RuntimeError, match="Unexpected execution"):
+            M().g(xd)
+    finally:
+        eager_mode(False)
