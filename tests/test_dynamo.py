@@ -248,3 +248,27 @@ def test_torch_xla_compile_method_in_eager_mode():
             M().g(xd)
     finally:
         eager_mode(False)
+
+
+def test_buffer_donation_of_marked_inputs():
+    from torch_xla import _XLAC
+    x = torch.randn(5, 5)
+    xd = x.to(XLA)
+    assert not _XLAC._set_buffer_donation(xd + 1, True)          # pending IR: no buffer to donate
+    assert _XLAC._set_buffer_donation(xd, True) and _XLAC._get_buffer_donation(xd)
+    res = torch.compile(lambda t: t * 2 + 1, backend="openxla")(xd)
+    assert_same(res, x * 2 + 1)
+    assert "Data Handle: Deleted" in _XLAC._get_xla_tensor_debug_info(xd)   # its buffer became the output
+
+    def inplace(t):
+        t += 0.5 * torch.sin(t)
+
+    acc_c, acc_d = x.clone(), x.to(XLA)
+    compiled = torch.compile(inplace, backend="openxla")
+    _XLAC._set_buffer_donation(acc_d, True)
+    compiles = met.counter_value("UncachedCompile") or 0
+    for _ in range(5):
+        inplace(acc_c)
+        compiled(acc_d)
+    assert_same(acc_d, acc_c, rtol=1e-5)
+    assert met.counter_value("UncachedCompile") == compiles + 1   # one program, donating every run
