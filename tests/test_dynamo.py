@@ -220,3 +220,55 @@ def test_dynamo_alias_modules():
     assert r.remove_nones(t) == ("a", "b") and r.add_nones(("a", "b")) == t
     import torch_xla._dynamo.config as config
     assert config.skip_input_data_check is False
+
+
+def test_torch_xla_compile_method_in_eager_mode():
+    import torch_xla
+    from torch_xla.experimental import eager_mode
+
+    class M:
+        @torch_xla.compile
+        def f(self, t):
+            return torch.cos(torch.sin(t)) * 2
+
+        @torch_xla.compile(full_graph=True, name="breaks")
+        def g(self, t):
+            return t * 2 if t[0] > 0 else t * 3     # a host read inside
+
+    x = torch.randn(4)
+    eager_mode(True)
+    try:
+        met.clear_all()
+        xd = x.to(XLA) * 1.0                           # an op run eagerly
+        assert met.metric_data("EagerOpExecuteTime")[0] >= 1
+        met.clear_all()
+        assert_same(M().f(xd), torch.cos(torch.sin(x)) * 2)
+        assert met.metric_data("ExecuteTime")[0] == 1 and "EagerOpExecuteTime" not in met.metric_names()
+        with pytest.raises(RuntimeError, match="Unexpected execution"):
+            M().g(xd)
+    finally:
+        eager_mode(False)
+
+
+def test_buffer_donation_of_marked_inputs():
+    from torch_xla import _XLAC
+    x = torch.randn(5, 5)
+    xd = x.to(XLA)
+    assert not _XLAC._set_buffer_donation(xd + 1, True)          # pending IR: no buffer to donate
+    assert _XLAC._set_buffer_donation(xd, True) and _XLAC._get_buffer_donation(xd)
+    res = torch.compile(lambda t: t * 2 + 1, backend="openxla")(xd)
+    assert_same(res, x * 2 + 1)
+    assert "Data Handle: Deleted" in _XLAC._get_xla_tensor_debug_info(xd)   # its buffer became the output
+
+    def inplace(t):
+        t += 0.5 * torch.sin(t)
+
+    acc_c, acc_d = x.clone(), x.to(XLA)
+    compiled = torch.compile(inplace, backend="openxla")
+    _XLAC._set_buffer_donation(acc_d, True)
+    compiles = met.counter_value("UncachedCompile") or 0
+    for _ in range(5):
+        inplace(acc_c)
+        compiled(acc_d)
+    assert_same(acc_d, acc_c, rtol=1e-5)
+    assert met.counter_value("UncachedCompile") == compiles + 1   # one program, donating every run

@@ -169,3 +169,14 @@ def test_xla_hlo_debug_locations_are_python_source_lines(tmp_path):
     assert "#loc" in res.stdout and "user_code.py:4" in res.stdout and "user_code.py:5" in res.stdout
     x = torch.arange(9.0).reshape(3, 3)
     assert float(res.stdout.split("VALUE")[1]) == (torch.relu(x @ x - 20).sum() * 2).item()
+
+
+def test_export_bilinear_upsampling_matches_cpu():
+    class Up(torch.nn.Module):
+        def forward(self, m):
+            return torch.nn.functional.interpolate(m, size=(250, 250), mode="bilinear", align_corners=False)
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 100, 100)
+    out = exported_program_to_stablehlo(torch.export.export(Up(), (x,)))(x)
+    assert_same(out, Up()(x), rtol=1e-5, atol=1e-4)

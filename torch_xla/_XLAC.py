@@ -148,13 +148,6 @@ def _get_xla_tensor_debug_info(t: torch.Tensor) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _get_graph_hash(tensors: List[torch.Tensor]) -> bytes:
-    """The key of the graph computing `tensors` (equal graphs and input layouts, equal keys)."""
-    roots = _roots(tensors)
-    graph, _ = executor.barrier.walk(roots)
-    return graph.key.to_bytes(8, "little", signed=True)
-
-
 def _get_local_shards(tensors: List[torch.Tensor]):
     """Per tensor: [(CPU shard, device name)] for this process's devices."""
     from .distributed.spmd.xla_sharded_tensor import local_shards_of
@@ -245,6 +238,37 @@ def _get_tensors_xla_device_data_node(tensors: List[torch.Tensor]):
             ids.append(id(p))
             values.append(_tensor.wrap_user(_tensor.make_tensor(p, 0, shape, dtype)))
     return ids, values
+
+
+def _get_graph_hash(tensors: List[torch.Tensor]) -> bytes:
+    """The key of the graph computing `tensors` (equal for equal graphs); inside
+    `alias_with_buffer_donor_config()`, which inputs are buffer donors counts too."""
+    graph, _ = executor.walk(_roots(tensors))
+    key = graph.key
+    from .core import dynamo_bridge
+    if dynamo_bridge.donor_config():
+        key = hash((key, tuple(s for s, p in enumerate(graph.params) if p in ir.DONORS)))
+    return key.to_bytes(8, "little", signed=True)
+
+
+def _set_buffer_donation(tensor: torch.Tensor, should_donate: bool) -> bool:
+    """Marks the device buffer of `tensor` as one a compiled graph may donate (overwrite
+    with an output). False (and nothing done) when `tensor` is not device data."""
+    s = state_of(tensor)
+    if type(s.node) is not ir.DeviceData:
+        return False
+    if should_donate:
+        ir.DONORS.add(s.node)
+    else:
+        ir.DONORS.discard(s.node)
+    metrics.inc("XlaSetBufferDonation")
+    return True
+
+
+def _get_buffer_donation(tensor: torch.Tensor) -> bool:
+    """Whether the device buffer of `tensor` is marked as a donor."""
+    s = state_of(tensor)
+    return type(s.node) is ir.DeviceData and s.node in ir.DONORS
 
 
 def _init_computation_client() -> None:

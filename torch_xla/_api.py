@@ -72,6 +72,10 @@ class _Compiled:
         self.graphs = set()
         functools.update_wrapper(self, fn)
 
+    def __get__(self, obj, objtype=None):
+        # As a method decorator: bound to the instance like a function.
+        return self if obj is None else functools.partial(self, obj)
+
     def __call__(self, *args, **kwargs):
         sync()
         before = metrics.counters.get("ExecuteCount", 0)

@@ -46,11 +46,17 @@ class Program:
         self.avals = [graph.params[s].avals[0] if s >= 0 else None for s in input_slots]
         self._exe = None
 
-    def executable(self):
-        """The compiled program (compiled at the first call, counted as a compile)."""
+    def executable(self, states=None):
+        """The compiled program (compiled at the first call, counted as a compile). The
+        input slots whose buffers are marked as donors (`ir.DONORS`) in `states` then are
+        donated by every run."""
         if self._exe is None:
+            donate = ()
+            if states is not None and self.strategy.donates:
+                donate = tuple(sorted({slot for s, slot in zip(states, self.input_slots)
+                                       if slot >= 0 and type(s.node) is _DEVICE_DATA and s.node in ir.DONORS}))
             args = self.strategy.to_args(self.captured, self.graph)
-            self._exe = compiling.compile_graph(self.graph, self.strategy, args, ())
+            self._exe = compiling.compile_graph(self.graph, self.strategy, args, donate)
         return self._exe
 
     def lowered(self):
@@ -78,8 +84,10 @@ class Program:
                 params[slot] = s.node.array
         if self.seed_slot >= 0:
             params[self.seed_slot] = np.asarray(rng.fresh_seed(), dtype=runtime.device_dtype(torch.int64))
-        exe = self.executable()
+        exe = self.executable(states)
         graph, strategy = self.graph, self.strategy
+        for slot in exe.donated:
+            ir.DONORS.discard(graph.params[slot])
         args = strategy.to_args(params, graph)
         if exe.paced:
             pol = compiling.platform_policy()
@@ -124,11 +132,13 @@ def _marks() -> tuple:
     return c.get("ExecuteCount", 0), sum(v for k, v in c.items() if k.startswith("aten::"))
 
 
-def trace(fn: Callable, *args: Any) -> Tuple[Optional[Program], Any]:
+def trace(fn: Callable, *args: Any, run: bool = True) -> Tuple[Optional[Program], Any]:
     """Runs `fn(*args)` once, lazily, and returns (its Program or None, its results).
 
     `args` hold XLA tensors (and other values, which the program keeps as traced). The
-    results and in-place writes of the call are computed before returning."""
+    results and in-place writes of the call are computed before returning; with
+    `run=False` and a program, nothing is computed and the results are None (the caller
+    runs the program instead: one compilation, not two)."""
     executor.sync()
     flat = input_tensors(args)
     # The call runs on fresh tensors holding the inputs' values: a view among the inputs
@@ -174,6 +184,8 @@ def trace(fn: Callable, *args: Any) -> Tuple[Optional[Program], Any]:
         seed = rng.current_seed_node()
         seed_slot = graph.slot.get(id(seed), -1) if seed is not None else -1
         program = Program(graph, strategy, slots, mutated, out_tree, kinds, seed_slot)
+    if program is not None and not run:
+        return program, None
     # The traced call itself ran nothing: give the caller its results and write-backs, in
     # a partial sync (which never donates: the program keeps reading its captured values).
     executor.sync(states=pending.take_live())

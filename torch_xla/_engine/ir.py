@@ -162,6 +162,10 @@ class Constant(Node):
         return True
 
 
+# DeviceData leaves whose buffer a compiled graph may donate (`_XLAC._set_buffer_donation`).
+DONORS: "weakref.WeakSet" = weakref.WeakSet()
+
+
 # ---- source lines (XLA_HLO_DEBUG) -------------------------------------------------------
 
 SOURCES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # node -> "file.py:line"

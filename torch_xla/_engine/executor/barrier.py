@@ -26,12 +26,13 @@ def walk(roots) -> Graph:
     return graph.keyed(strategy.name), strategy
 
 
-def execute(states: List[XlaState], barrier: bool = False) -> None:
+def execute(states: List[XlaState], barrier: bool = False, metric: str = "ExecuteTime") -> None:
     """Computes the pending values of `states` in one program and stores the results.
 
     `barrier`: `states` are all the live pending tensors (a full barrier). Only then can
     the executor know that no IR outside this graph still reads a buffer, so only then
-    are the buffers of overwritten tensors donated.
+    are the buffers of overwritten tensors donated. `metric`: the time metric of the run
+    (`EagerOpExecuteTime` for an op run by eager mode).
     """
     states = [s for s in states if type(s.node) is not ir.DeviceData]
     if not states:
@@ -51,7 +52,8 @@ def execute(states: List[XlaState], barrier: bool = False) -> None:
         stuck = manual.per_device_roots(graph)
         if stuck:
             pending.restore([s for s in states if (id(s.node), s.idx) in stuck])
-            return execute([s for s in states if (id(s.node), s.idx) not in stuck], barrier=True)
+            return execute([s for s in states if (id(s.node), s.idx) not in stuck], barrier=True,
+                           metric=metric)
     args = graph.param_values()
     donate = donatable(graph) if barrier and strategy.donates else ()
     if donate:
@@ -66,7 +68,8 @@ def execute(states: List[XlaState], barrier: bool = False) -> None:
     if exe.paced:
         pol = compiling.platform_policy()
         token = pol.before_dispatch(exe.paced)
-    with metrics.timed(strategy.execute_metric):
+    # Eager mode names its own metric; a program's run is its strategy's.
+    with metrics.timed(strategy.execute_metric if metric == "ExecuteTime" else metric):
         outs = exe.compiled(*args)
     if exe.paced:
         pol.after_dispatch(exe.paced, token, outs)

@@ -223,7 +223,7 @@ class OpKernel:
     def _outputs(self, node, entry):
         outs = [None if a is None else make_tensor(node, i, a[0], a[1]) for i, a in enumerate(entry.avals)]
         if EAGER[0]:
-            executor.execute([o._xla for o in outs if o is not None])
+            executor.execute([o._xla for o in outs if o is not None], metric="EagerOpExecuteTime")
         if self.is_factory:
             outs = [wrap_user(o) if o is not None else None for o in outs]
         st = entry.structure

@@ -484,13 +484,14 @@ def _cubic_matrix(in_size, out_size, align_corners, scale):
 def _linear_matrix(in_size, out_size, align_corners, scale, cubic=False):
     if cubic:
         return _cubic_matrix(in_size, out_size, align_corners, scale)
-    s = _scale(in_size, out_size, scale, align_corners)
-    o = np.arange(out_size, dtype=np.float64)
+    # Source positions in float32 arithmetic, as PyTorch's CPU kernel computes them.
+    s = np.float32(_scale(in_size, out_size, scale, align_corners))
+    o = np.arange(out_size, dtype=np.float32)
     if align_corners:
         src = o * s
     else:
-        src = np.maximum((o + 0.5) * s - 0.5, 0.0)
-    src = src.astype(np.float32).astype(np.float64)
+        src = np.maximum(s * (o + np.float32(0.5)) - np.float32(0.5), np.float32(0))
+    src = src.astype(np.float64)
     i0 = np.minimum(np.floor(src).astype(np.int64), in_size - 1)
     i1 = np.minimum(i0 + 1, in_size - 1)
     l1 = src - i0
