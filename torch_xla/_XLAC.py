@@ -118,7 +118,8 @@ def _get_xla_tensor_debug_info(t: torch.Tensor) -> str:
     lines = ["XLATensor {", f"TensorID: {id(s)}",
              f"Device: {'SPMD:0' if _mode.SPMD[0] else 'xla:0'}",
              f"XLA Shape: {_dt(s.dtype)}[{','.join(map(str, s.shape))}]"]
-    if type(s.node) is ir.DeviceData and not hasattr(s.node.array, "addressable_shards"):
+    from ._engine import runtime as _rt
+    if type(s.node) is ir.DeviceData and type(s.node.array) is _rt.HostArray:
         lines.append("IR: None")
         lines.append("XLAData: None")
         lines.append("ShardingSpec: None")

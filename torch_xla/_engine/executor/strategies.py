@@ -111,7 +111,7 @@ class Spmd(Local):
         for a, p in zip(args, graph.params):
             if type(a) is runtime.HostArray:
                 a = p.array = a.place()
-            elif hasattr(a, "addressable_shards"):
+            elif _on_device(a):
                 a = sharding.on_mesh(a)
             out.append(a)
         return out
@@ -119,7 +119,7 @@ class Spmd(Local):
     def jit_options(self, graph: Graph, args) -> dict:
         """Without device data among the inputs jax would place the program on one device:
         its outputs are then replicated over all devices, or laid out as constrained."""
-        if any(hasattr(a, "addressable_shards") or type(a) is runtime.HostArray for a in args):
+        if any(_on_device(a) or type(a) is runtime.HostArray for a in args):
             return {}
         rep = sharding.replicated_sharding()
         outs = []
@@ -134,11 +134,16 @@ class Spmd(Local):
             return None
         ins = []
         for a, p in zip(args, graph.params):
-            if hasattr(a, "sharding") and hasattr(a, "addressable_shards"):
+            if _on_device(a):
                 ins.append(sharding.gspmd(a.sharding, ndim=a.ndim))
             else:
                 ins.append(sharding.replicated_sharding())
         return {"in_shardings": tuple(ins), **self.jit_options(graph, args)}
+
+
+def _on_device(a) -> bool:
+    """Whether a program argument is device data (not a host scalar or host array)."""
+    return not isinstance(a, (np.ndarray, np.generic, runtime.HostArray, int, float, bool))
 
 
 LOCAL = Local()

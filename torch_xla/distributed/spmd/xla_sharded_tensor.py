@@ -59,7 +59,7 @@ def local_shards_of(g: torch.Tensor) -> List[XLAShard]:
     sh = _layout_sharding(g)
     shape = tuple(g.shape)
     pieces = []
-    if _sh.divisible(sh, shape) and hasattr(arr, "addressable_shards") and arr.sharding == sh:
+    if _sh.divisible(sh, shape) and type(arr) is not _rt.HostArray and arr.sharding == sh:
         by_dev = {s.device: s for s in arr.addressable_shards}
         for dev, index, rep, _ in _sh.shard_layout(sh, shape):
             if dev not in by_dev:
