@@ -27,7 +27,7 @@ from .lowering import LOWERINGS
 ANNOTATION = "_xla_sharding"  # attribute of an annotated tensor: its NamedSharding
 # id -> weak reference of every annotated tensor (tensors compare elementwise: no WeakSet).
 _annotated: Dict[int, "weakref.ref"] = {}
-_state = {"replicated": None}
+_state = {"replicated": None, "devices": None, "logical": None}
 
 
 # ---- mode ---------------------------------------------------------------------------------
@@ -36,7 +36,7 @@ def enable() -> None:
     """Turns SPMD mode on for this process (idempotent)."""
     if mode.SPMD[0]:
         return
-    jax = runtime.jax_module()  # may enable SPMD itself (XLA_USE_SPMD, boot's after_start)
+    runtime.jax_module()  # may enable SPMD itself (XLA_USE_SPMD, boot's after_start)
     if mode.SPMD[0]:
         return
     if job.in_launched_child():
@@ -46,8 +46,7 @@ def enable() -> None:
             "process per host")
     mode.SPMD[0] = True
     ir.DeviceData.shard_aware = True
-    rep = replicated_sharding(jax)
-    _state["replicated"] = rep
+    rep = _state["replicated"] = replicated_sharding()
     runtime.set_placement(rep)
 
 
@@ -59,14 +58,10 @@ def _from_environment() -> None:
 boot.after_start.append(_from_environment)
 
 
-def is_on() -> bool:
-    return mode.SPMD[0]
-
-
 def global_devices() -> list:
     """Every device of the job, host by host: logical device i is `global_devices()[i]`
     (jax's own ids need not be 0..n-1: a second host's CPU devices start at 2048)."""
-    if _state.get("devices") is None:
+    if _state["devices"] is None:
         jax = runtime.jax_module()
         _state["devices"] = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
         _state["logical"] = {d: i for i, d in enumerate(_state["devices"])}
@@ -79,7 +74,7 @@ def logical_id(device) -> int:
     return _state["logical"][device]
 
 
-def replicated_sharding(jax=None):
+def replicated_sharding():
     """Replicated over every device (the default placement of SPMD device data).
 
     Not a NamedSharding on a mesh of our own: jax expresses a program's outputs on the
@@ -87,7 +82,6 @@ def replicated_sharding(jax=None):
     the user's meshes."""
     if _state["replicated"] is not None:
         return _state["replicated"]
-    jax = jax or runtime.jax_module()
     return gspmd(None, global_devices())
 
 
@@ -126,6 +120,12 @@ def divisible(sharding, shape: Tuple[int, ...]) -> bool:
     return all(n % p == 0 for n, p in zip(shape, parts))
 
 
+def _axes_per_dim(sharding, ndim: int) -> List[tuple]:
+    """The mesh axes that cut each dimension, for a NamedSharding."""
+    spec = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
+    return [() if e is None else (e if isinstance(e, tuple) else (e,)) for e in spec[:ndim]]
+
+
 def dim_parts(sharding, ndim: int) -> List[int]:
     """How many pieces each dimension is cut into."""
     if not hasattr(sharding, "mesh"):
@@ -134,12 +134,7 @@ def dim_parts(sharding, ndim: int) -> List[int]:
             return [1] * ndim
         return list(hs.tile_assignment_dimensions())[:ndim]
     mesh = sharding.mesh
-    spec = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
-    out = []
-    for entry in spec[:ndim]:
-        axes = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
-        out.append(math.prod(mesh.shape[a] for a in axes))
-    return out
+    return [math.prod(mesh.shape[a] for a in axes) for axes in _axes_per_dim(sharding, ndim)]
 
 
 def shard_layout(sharding, shape: Tuple[int, ...]):
@@ -150,15 +145,9 @@ def shard_layout(sharding, shape: Tuple[int, ...]):
     if not hasattr(sharding, "mesh"):
         return _layout_of_array_sharding(sharding, shape)
     mesh = sharding.mesh
-    ndim = len(shape)
-    spec = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
     names = list(mesh.axis_names)
-    used = set()
-    dims = []
-    for entry in spec[:ndim]:
-        axes = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
-        used.update(axes)
-        dims.append(axes)
+    dims = _axes_per_dim(sharding, len(shape))
+    used = {a for axes in dims for a in axes}
     free = [a for a in names if a not in used]
     out = []
     for coords in np.ndindex(*mesh.devices.shape):
@@ -200,8 +189,6 @@ def spec_text(sharding, ndim: int) -> str:
     """The HLO sharding text: `{devices=[4,1]0,1,2,3}`, `{replicated}`, `... last_tile_dim_replicate}`."""
     if sharding is None:
         return ""
-    if getattr(sharding, "_manual", False):
-        return "{manual}"
     hs = sharding._to_xla_hlo_sharding(ndim)
     if hs.is_replicated():
         return "{replicated}"
@@ -213,10 +200,6 @@ def spec_text(sharding, ndim: int) -> str:
     devs = [logical_id(assignment[i]) for i in hs.tile_assignment_devices()]
     tail = " last_tile_dim_replicate" if hs.replicate_on_last_tile_dim() else ""
     return "{devices=[" + ",".join(map(str, dims)) + "]" + ",".join(map(str, devs)) + tail + "}"
-
-
-def num_shards(sharding, ndim: int) -> int:
-    return math.prod(dim_parts(sharding, ndim))
 
 
 # ---- device data --------------------------------------------------------------------------
@@ -260,10 +243,14 @@ def annotation(t) -> Optional[object]:
     return s
 
 
+def _unary_node(state, op: str, args: tuple, shape) -> ir.Node:
+    """Engine op `op` on the value of `state`, with static `args`, giving `shape`."""
+    return ir.Node(op, ((state.node, state.idx),), (ir.ref(0),) + args, ((tuple(shape), state.dtype),),
+                   LOWERINGS[op], None)
+
+
 def constraint_node(state, sharding) -> ir.Node:
-    shape, dtype = state.shape, state.dtype
-    return ir.Node("xla::sharding_constraint", ((state.node, state.idx),), (ir.ref(0), sharding),
-                   ((shape, dtype),), LOWERINGS["xla::sharding_constraint"], None)
+    return _unary_node(state, "xla::sharding_constraint", (sharding,), state.shape)
 
 
 def annotate(t, sharding, in_graph: bool = False) -> None:
@@ -371,14 +358,12 @@ def set_array(t, array) -> None:
 
 MANUAL = "_xla_manual"  # attribute of a tensor whose value is per-device (inside a region)
 MANUAL_USED = [False]  # a manual region was ever started (the barrier then checks its roots)
-MANUAL_OPS = ("xla::full_to_shard", "xla::manual")
 
 
-def _new(state, op: str, args: tuple, shape, dtype):
+def _new(state, op: str, args: tuple, shape):
     MANUAL_USED[0] = True
-    node = ir.Node(op, ((state.node, state.idx),), (ir.ref(0),) + args, ((tuple(shape), dtype),),
-                   LOWERINGS[op], None)
-    return _tensor.wrap_user(_tensor.make_tensor(node, 0, tuple(shape), dtype))
+    node = _unary_node(state, op, args, shape)
+    return _tensor.wrap_user(_tensor.make_tensor(node, 0, tuple(shape), state.dtype))
 
 
 def is_manual(t) -> bool:
@@ -395,7 +380,7 @@ def full_to_shard(t):
         raise RuntimeError(f"a manual sharding region needs every sharded dimension to split evenly: shape "
                            f"{shape} over {dim_parts(sh, len(shape))} pieces")
     local = tuple(n // p for n, p in zip(shape, dim_parts(sh, len(shape))))
-    out = _new(_tensor.state_of(t), "xla::full_to_shard", (sh,), local, t.dtype)
+    out = _new(_tensor.state_of(t), "xla::full_to_shard", (sh,), local)
     setattr(out, MANUAL, True)
     return out
 
@@ -406,9 +391,9 @@ def mark_manual(t):
     if type(s.node) is ir.DeviceData:
         raise RuntimeError("_mark_manual_sharding: device data has a global layout already; only a value "
                            "computed inside a manual region can be marked manual")
-    if is_manual(t) and s.node.op in MANUAL_OPS:
+    if is_manual(t):
         return t
-    out = _new(s, "xla::manual", (), t.shape, t.dtype) if not is_manual(t) else t
+    out = _new(s, "xla::manual", (), t.shape)
     setattr(out, MANUAL, True)
     return out
 
@@ -425,6 +410,6 @@ def shard_to_full(t, sharding, full_shape: Tuple[int, ...]):
     if tuple(t.shape) != want or any(n % p for n, p in zip(full_shape, parts)):
         raise RuntimeError(f"shard_to_full: per-device shape {tuple(t.shape)} does not make {full_shape} laid out "
                            f"in {parts} pieces")
-    out = _new(_tensor.state_of(t), "xla::shard_to_full", (sharding, full_shape), full_shape, t.dtype)
+    out = _new(_tensor.state_of(t), "xla::shard_to_full", (sharding, full_shape), full_shape)
     setattr(out, ANNOTATION, sharding)
     return out

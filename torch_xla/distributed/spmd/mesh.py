@@ -242,8 +242,6 @@ class ShardingType(IntEnum):
 def sharding_type_of(jax_sharding, ndim: int) -> Optional[ShardingType]:
     if jax_sharding is None:
         return None
-    if getattr(jax_sharding, "_manual", False):
-        return ShardingType.MANUAL
     hs = jax_sharding._to_xla_hlo_sharding(ndim)
     if hs.is_replicated():
         return ShardingType.REPLICATED
