@@ -45,17 +45,17 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple) -> Executable:
     t0 = time.perf_counter()
     with metrics.timed("CompileTime"):
         opts = pol.compiler_options(graph.op_avals())
+
+        def build(jit_options: dict):
+            lowered = jax.jit(fn, donate_argnums=donate, keep_unused=True, **jit_options).lower(*args)
+            return lowered.compile(compiler_options=opts) if opts else lowered.compile()
         try:
-            lowered = jax.jit(fn, donate_argnums=donate, keep_unused=True,
-                              **strategy.jit_options(graph, args)).lower(*args)
-            compiled = lowered.compile(compiler_options=opts) if opts else lowered.compile()
+            compiled = build(strategy.jit_options(graph, args))
         except Exception as e:  # noqa: BLE001
-            retry = getattr(strategy, "retry_options", None)
-            again = retry(graph, args, e) if retry is not None else None
+            again = strategy.retry_options(graph, args, e)
             if again is None:
                 raise
-            lowered = jax.jit(fn, donate_argnums=donate, keep_unused=True, **again).lower(*args)
-            compiled = lowered.compile(compiler_options=opts) if opts else lowered.compile()
+            compiled = build(again)
     metrics.inc("UncachedCompile")
     if pkey is not None:
         persistent.store(pkey, compiled)

@@ -20,14 +20,20 @@ from ..lowering import ctx as lowering_ctx
 from .graph import Graph
 
 
-class Local:
-    name = "local"
+class Strategy:
+    """The defaults: the graph's function as it is, its buffers as its arguments."""
+    name = ""
     donates = True
     persistable = True  # its executables may be stored in the persistent cache
     execute_metric = "ExecuteTime"
 
     def jit_options(self, graph: Graph, args) -> dict:
+        """Extra `jax.jit` arguments for this graph."""
         return {}
+
+    def retry_options(self, graph: Graph, args, error: Exception):
+        """`jax.jit` arguments to compile again with after `error`, or None to raise it."""
+        return None
 
     def wrap(self, fn, graph: Graph):
         return fn
@@ -39,14 +45,14 @@ class Local:
         return outs
 
 
-class Replicated:
+class Local(Strategy):
+    name = "local"
+
+
+class Replicated(Strategy):
     name = "replicated"
     donates = False
     persistable = False
-    execute_metric = "ExecuteTime"
-
-    def jit_options(self, graph: Graph, args) -> dict:
-        return {}
 
     def wrap(self, fn, graph: Graph):
         """Each global parameter is every replica's local buffer concatenated on dim 0 (0-d
@@ -119,7 +125,7 @@ class Spmd(Local):
     def jit_options(self, graph: Graph, args) -> dict:
         """Without device data among the inputs jax would place the program on one device:
         its outputs are then replicated over all devices, or laid out as constrained."""
-        if any(_on_device(a) or type(a) is runtime.HostArray for a in args):
+        if any(_on_device(a) for a in args):
             return {}
         rep = sharding.replicated_sharding()
         outs = []
@@ -132,13 +138,9 @@ class Spmd(Local):
         layout does not fit that mesh, compile again with mesh-free input shardings."""
         if type(error).__name__ != "IndivisibleError":
             return None
-        ins = []
-        for a, p in zip(args, graph.params):
-            if _on_device(a):
-                ins.append(sharding.gspmd(a.sharding, ndim=a.ndim))
-            else:
-                ins.append(sharding.replicated_sharding())
-        return {"in_shardings": tuple(ins), **self.jit_options(graph, args)}
+        ins = tuple(sharding.gspmd(a.sharding, ndim=a.ndim) if _on_device(a) else sharding.replicated_sharding()
+                    for a in args)
+        return {"in_shardings": ins, **self.jit_options(graph, args)}
 
 
 def _on_device(a) -> bool:
