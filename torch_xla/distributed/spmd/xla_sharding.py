@@ -19,6 +19,7 @@ from torch_xla._engine import tensor as _tensor
 from .mesh import (HybridMesh, Mesh, OpSharding, PartitionSpec, ShardingError, ShardingType,  # noqa: F401
                    get_1d_mesh, get_global_mesh, set_global_mesh, sharding_type_of)
 from .xla_sharded_tensor import XLAShardedTensor
+from .._patched_linear import XLAPatchedLinear, apply_xla_patch_to_nn_linear, xla_patched_nn_linear_forward  # noqa: F401
 
 def _require_spmd(what: str) -> None:
     if not _mode.SPMD[0]:
@@ -192,57 +193,20 @@ class ShardingSpec:
         return self._sharding
 
 
-def _linear_einsum(x, w):
-    return torch.einsum("...n,mn->...m", x, w)
-
-
-class XLAPatchedLinear(torch.autograd.Function):
-    """`nn.Linear` as einsums, forward and backward, so that sharding annotations on a
-    3-d activation survive (a matmul would flatten it to 2-d)."""
-
-    @staticmethod
-    def forward(ctx, input, weight, bias=None):
-        ctx.save_for_backward(input, weight)
-        ctx.has_bias = bias is not None
-        out = _linear_einsum(input, weight)
-        return out + bias if bias is not None else out
-
-    @staticmethod
-    def backward(ctx, grad):
-        input, weight = ctx.saved_tensors
-        gi = gw = gb = None
-        if ctx.needs_input_grad[0]:
-            gi = torch.einsum("...m,mn->...n", grad, weight)
-        if ctx.needs_input_grad[1]:
-            gw = torch.einsum("...m,...n->mn", grad, input)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            gb = grad.reshape(-1, grad.shape[-1]).sum(0)
-        return gi, gw, gb
-
-
-def xla_patched_nn_linear_forward(m: torch.nn.Linear, input: torch.Tensor) -> torch.Tensor:
-    return XLAPatchedLinear.apply(input, m.weight, m.bias)
-
-
-def apply_xla_patch_to_nn_linear(module: torch.nn.Module) -> torch.nn.Module:
-    """Makes every `nn.Linear` in `module` compute through `XLAPatchedLinear`."""
-    import types
-    for m in module.modules():
-        if isinstance(m, torch.nn.Linear):
-            m.forward = types.MethodType(xla_patched_nn_linear_forward, m)
-    return module
-
-
 def send_sharded(t: torch.Tensor, spec: ShardingSpec) -> torch.Tensor:
     """CPU tensor `t` sent to the device already laid out as `spec` says (one transfer)."""
-    from torch_xla._engine.kernels import values as _values
     _require_spmd("input_sharding")
     if t.device.type == "xla":
         spec.apply(t)
         return t
-    sh = spec.jax_sharding
-    if getattr(spec, "minibatch", False):
-        return _send_minibatch(t, sh)
+    if spec.minibatch:
+        return _send_minibatch(t, spec.jax_sharding)
+    return _send_laid_out(t, spec.jax_sharding)
+
+
+def _send_laid_out(t: torch.Tensor, sh) -> torch.Tensor:
+    """CPU tensor `t` on the device with layout `sh` (replicated in memory if uneven)."""
+    from torch_xla._engine.kernels import values as _values
     placement = sh if _sh.divisible(sh, tuple(t.shape)) else None
     out = _tensor.wrap_user(_values.from_cpu(t, placement=placement))
     _sh.annotate(out, sh)
@@ -312,17 +276,7 @@ def global_tensor_from_cpu_shards(shards, op_sharding: OpSharding, global_shape=
     out = torch.empty(global_shape, dtype=shards[0].dtype)
     for (dev, index, rep, padded), s in zip(_sh.shard_layout(sh, global_shape), shards):
         out[index] = s[tuple(slice(0, i.stop - i.start) for i in index)]
-    return send_sharded(out, _SpecOf(sh))
-
-
-class _SpecOf:
-    """A ShardingSpec-like holder of a ready jax sharding (for `send_sharded`)."""
-
-    def __init__(self, sharding):
-        self.jax_sharding = sharding
-
-    def can_apply(self, t) -> bool:
-        return True
+    return _send_laid_out(out, sh)
 
 
 def _mark_manual_sharding(t: Union[torch.Tensor, XLAShardedTensor]) -> XLAShardedTensor:
