@@ -221,3 +221,40 @@ def image_data(steps, batch=8, seed=0):
     xs = [torch.randn(batch, 3, 32, 32, generator=g) for _ in range(steps)]
     ys = [torch.randint(0, 10, (batch,), generator=g) for _ in range(steps)]
     return list(zip(xs, ys))
+
+
+# ---------------------------------------------------------------------------------------
+# (d) a small MLP classifier (the SPMD tests train it on the CPU and on meshes)
+
+def mlp(*hidden: int) -> nn.Sequential:
+    """16 inputs -> `hidden` widths (ReLU) -> 4 classes, with weights from seed 0."""
+    torch.manual_seed(0)
+    widths = (16,) + hidden
+    layers = []
+    for a, b in zip(widths, widths[1:]):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(widths[-1], 4))
+
+
+def mlp_batches(steps, batch=16, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(batch, 16, generator=g), torch.randint(0, 4, (batch,), generator=g))
+            for _ in range(steps)]
+
+
+def train_classifier(model, batches, prepare=None, after_step=None, lr=0.1):
+    """SGD (momentum 0.9) on cross entropy; `prepare(x, y)` moves/annotates a batch,
+    `after_step()` ends a step (e.g. `xm.mark_step`). Returns the losses."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    losses = []
+    for x, y in batches:
+        if prepare is not None:
+            x, y = prepare(x, y)
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        if after_step is not None:
+            after_step()
+        losses.append(loss.detach())
+    return [float(v) for v in losses]

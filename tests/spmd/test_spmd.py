@@ -12,7 +12,7 @@ import torch_xla.debug.metrics as met
 import torch_xla.distributed.parallel_loader as pl
 import torch_xla.distributed.spmd as xs
 import torch_xla.runtime as xr
-from models import Decoder, lm_data, lm_loss
+from models import Decoder, lm_data, lm_loss, mlp, mlp_batches, train_classifier
 
 N = xr.global_runtime_device_count()
 
@@ -135,28 +135,18 @@ def test_clear_sharding_and_clone():
 
 
 def _mlp():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+    return mlp(32, 32)
 
 
-def _train(model, shard, steps, batch, lr=0.1, on_step=None):
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    g = torch.Generator().manual_seed(1)
-    data = [(torch.randn(batch, 16, generator=g), torch.randint(0, 4, (batch,), generator=g)) for _ in range(steps)]
-    losses = []
-    for i, (x, y) in enumerate(data):
+def _train(model, shard, steps, batch, on_step=None):
+    step = iter(range(steps))
+
+    def prepare(x, y):
         if on_step is not None:
-            on_step(i)
-        if shard is not None:
-            x, y = shard(x, y)
-        opt.zero_grad()
-        loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        if shard is not None:
-            xm.mark_step()
-        losses.append(loss)
-    return [float(v) for v in losses], model
+            on_step(next(step))
+        return shard(x, y) if shard is not None else (x, y)
+    losses = train_classifier(model, mlp_batches(steps, batch), prepare, xm.mark_step if shard is not None else None)
+    return losses, model
 
 
 @pytest.mark.parametrize("layout", ["data4", "data2_model2"])

@@ -7,27 +7,15 @@ import sys
 
 import numpy as np
 import torch
-import torch.nn as nn
 
-from models import Decoder, lm_data, lm_loss
+from models import Decoder, lm_data, lm_loss, mlp, mlp_batches, train_classifier
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = 20
 
 
 def _cpu():
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    g = torch.Generator().manual_seed(1)
-    mlp = []
-    for _ in range(STEPS):
-        x, y = torch.randn(16, 16, generator=g), torch.randint(0, 4, (16,), generator=g)
-        opt.zero_grad()
-        loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        mlp.append(float(loss))
+    mlp_losses = train_classifier(mlp(32, 32), mlp_batches(STEPS))
     torch.manual_seed(0)
     dec = Decoder(n_layers=1)
     dopt = torch.optim.AdamW(dec.parameters(), lr=1e-3)
@@ -38,7 +26,7 @@ def _cpu():
         loss.backward()
         dopt.step()
         dl.append(float(loss))
-    return mlp, dl
+    return mlp_losses, dl
 
 
 def test_eight_devices_train_like_cpu():
@@ -48,8 +36,8 @@ def test_eight_devices_train_like_cpu():
                        env=env, capture_output=True, text=True, timeout=600, cwd=os.path.dirname(HERE))
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")][-1][len("RESULT "):])
-    mlp, dl = _cpu()
-    np.testing.assert_allclose(r["mlp"], mlp, rtol=1e-5, atol=1e-6)
+    mlp_losses, dl = _cpu()
+    np.testing.assert_allclose(r["mlp"], mlp_losses, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(r["decoder"], dl, rtol=1e-4, atol=1e-5)
     assert r["new_compiles_after_warmup"] == 0
     assert r["tok_pieces"] == [[16, 64]] * 8  # the (128, 64) embedding: 1/8 per device

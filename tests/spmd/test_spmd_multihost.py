@@ -5,9 +5,8 @@ import subprocess
 import sys
 
 import numpy as np
-import torch
-import torch.nn as nn
 
+from models import mlp, mlp_batches, train_classifier
 from torch_xla._engine import launcher
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -16,18 +15,8 @@ STEPS = 5
 
 
 def _cpu_reference():
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    g = torch.Generator().manual_seed(1)
-    losses = []
-    for _ in range(STEPS):
-        x, y = torch.randn(16, 16, generator=g), torch.randint(0, 4, (16,), generator=g)
-        opt.zero_grad()
-        loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss))
+    model = mlp(32)
+    losses = train_classifier(model, mlp_batches(STEPS))
     return losses, float(model[0].weight.sum())
 
 

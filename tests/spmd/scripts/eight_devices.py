@@ -15,7 +15,7 @@ import torch_xla.distributed.spmd as xs  # noqa: E402
 import torch_xla.runtime as xr  # noqa: E402
 from torch_xla.distributed.spmd import Mesh  # noqa: E402
 from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel as FSDPv2  # noqa: E402
-from models import Decoder, lm_data, lm_loss  # noqa: E402
+from models import Decoder, lm_data, lm_loss, mlp, mlp_batches, train_classifier  # noqa: E402
 from torch_xla._engine.tensor import state_of  # noqa: E402
 
 xr.use_spmd()
@@ -34,24 +34,18 @@ out["sample"] = float(linear(input).sum())
 
 # MLP, data x model (2, 4).
 m = Mesh(device_ids, (2, 4), ("data", "model"))
-torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4)).to("xla")
+model = mlp(32, 32).to("xla")
 xs.mark_sharding(model[0].weight, m, ("model", None))
 xs.mark_sharding(model[2].weight, m, (None, "model"))
-opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-g = torch.Generator().manual_seed(1)
-losses = []
-for i in range(steps):
-    x, y = torch.randn(16, 16, generator=g), torch.randint(0, 4, (16,), generator=g)
-    x, y = x.to("xla"), y.to("xla")
+
+
+def shard(x, y):
+    x = x.to("xla")
     xs.mark_sharding(x, m, ("data", None))
-    opt.zero_grad()
-    loss = nn.functional.cross_entropy(model(x), y)
-    loss.backward()
-    opt.step()
-    xm.mark_step()
-    losses.append(float(loss.detach()))
-out["mlp"] = losses
+    return x, y.to("xla")
+
+
+out["mlp"] = train_classifier(model, mlp_batches(steps), shard, xm.mark_step)
 
 # Decoder under FSDPv2 over all 8 devices; 10 extra steps must not compile.
 torch.manual_seed(0)
