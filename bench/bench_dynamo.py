@@ -95,20 +95,7 @@ def worker_lazy(wl, warmup, rounds, steps):
 
 
 def worker_eager(wl, warmup, rounds, steps):
-    import torch
-    common.set_threads()
-    torch.manual_seed(0)
-    model = wl.make_model()
-    model.train()
-    opt = wl.make_opt(model.parameters())
-    x, y = wl.make_batch(0)
-
-    def step():
-        opt.zero_grad()
-        loss = wl.loss_fn(model, x, y)
-        loss.backward()
-        opt.step()
-        return loss
+    step = common.eager_training_step(wl)
     return _measure(step, lambda loss: loss.item(), warmup, rounds, steps)
 
 

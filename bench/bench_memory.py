@@ -56,20 +56,7 @@ def worker_xla(wl, checkpoints, total):
 
 
 def worker_eager(wl, checkpoints, total):
-    import torch
-    common.set_threads()
-    torch.manual_seed(0)
-    model = wl.make_model()
-    model.train()
-    opt = wl.make_opt(model.parameters())
-    x, y = wl.make_batch(0)
-
-    def step():
-        opt.zero_grad()
-        loss = wl.loss_fn(model, x, y)
-        loss.backward()
-        opt.step()
-        return loss
+    step = common.eager_training_step(wl)
     rss, last = _train_loop(wl, step, checkpoints, total, lambda l: l.item())
     return {"rss": rss, "last_loss": last}
 

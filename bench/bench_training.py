@@ -60,21 +60,7 @@ def worker_xla(wl, warmup, rounds, steps):
 
 
 def worker_eager(wl, warmup, rounds, steps):
-    import torch
-    common.set_threads()
-    torch.manual_seed(0)
-    model = wl.make_model()
-    model.train()
-    opt = wl.make_opt(model.parameters())
-    x, y = wl.make_batch(0)
-
-    def step():
-        opt.zero_grad()
-        loss = wl.loss_fn(model, x, y)
-        loss.backward()
-        opt.step()
-        return loss
-
+    step = common.eager_training_step(wl)
     t0 = common.now()
     first_loss = step().item()
     first_step_s = common.now() - t0

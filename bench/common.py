@@ -202,6 +202,26 @@ def traced_step_graph(wl, inference: bool = False):
 # ---------------------------------------------------------------------------------------
 # worker side
 
+def eager_training_step(wl):
+    """A closure running one eager CPU training step of workload `wl` (seed 0, one fixed
+    batch); returns the loss."""
+    import torch
+    set_threads()
+    torch.manual_seed(0)
+    model = wl.make_model()
+    model.train()
+    opt = wl.make_opt(model.parameters())
+    x, y = wl.make_batch(0)
+
+    def step():
+        opt.zero_grad()
+        loss = wl.loss_fn(model, x, y)
+        loss.backward()
+        opt.step()
+        return loss
+    return step
+
+
 def emit(result: dict) -> None:
     """Prints a worker's result for the parent (one line)."""
     result.setdefault("peak_rss_mb", peak_rss_mb())
