@@ -75,10 +75,9 @@ def local_shards_of(g: torch.Tensor) -> List[XLAShard]:
                 piece = np.pad(piece, [(0, p - n) for p, n in zip(padded, piece.shape)])
             pieces.append((dev, piece, index, rep))
     out = []
-    full = all(s.start == 0 and s.stop == n for s, n in zip(pieces[0][2], shape)) if pieces else True
     for dev, data, index, rep in pieces:
-        idx = Ellipsis if _sh.is_replicated(sh) or (full and all(
-            s.start == 0 and s.stop == n for s, n in zip(index, shape))) else list(index)
+        whole = all(s.start == 0 and s.stop == n for s, n in zip(index, shape))
+        idx = Ellipsis if _sh.is_replicated(sh) or whole else list(index)
         out.append(XLAShard(_rt.from_numpy(data, g.dtype), idx, f"{_rt.platform()}:{_sh.logical_id(dev)}", rep))
     return out
 
