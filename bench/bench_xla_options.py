@@ -40,7 +40,8 @@ def main(argv=None):
     rounds = 2 if args.quick else args.rounds
     graph, params = common.traced_step_graph(models_torch.workload(args.model, quick=args.quick),
                                              inference=args.inference)
-    lowered = jax.jit(graph.build_fn(), keep_unused=True).lower(*params)
+    from torch_xla._engine.executor.lower import build_fn
+    lowered = jax.jit(build_fn(graph, True), keep_unused=True).lower(*params)
 
     exes = {}
     print(f"`PJRT_DEVICE=CPU python bench/bench_xla_options.py --model {args.model} "

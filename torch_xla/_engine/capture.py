@@ -89,6 +89,8 @@ class Program:
         for slot in exe.donated:
             ir.DONORS.discard(graph.params[slot])
         args = strategy.to_args(params, graph)
+        if exe.upgrade is not None:
+            exe.settle()
         if exe.paced:
             pol = compiling.platform_policy()
             token = pol.before_dispatch(exe.paced)

@@ -46,6 +46,11 @@ _VARS = [
         "seconds a process waits for its peers (job start, collectives, shutdown)"),
     Var("XLA_HEARTBEAT_TIMEOUT_S", "int", 60,
         "seconds without a heartbeat before the coordination service declares a process dead"),
+    Var("XLA_TIERED_COMPILE", "bool", False,
+        "`1`: a large program's first two runs use a quickly compiled executable (on CPU: "
+        "XLA's fusion emitters off, about half the compile time) while the optimized one "
+        "compiles in the background; those runs may differ from the optimized program's "
+        "in the last bits (`executor/tiers.py`)"),
     Var("PT_XLA_TUNE_GC", "bool", True,
         "`0`: leave Python's garbage collector as it is (no `gc.freeze()`, no threshold change)"),
     Var("PT_XLA_RETAIN_HOST_MEMORY", "bool", True,

@@ -65,6 +65,8 @@ def execute(states: List[XlaState], barrier: bool = False, metric: str = "Execut
         compiling.remember(graph.key, exe)
     else:
         metrics.inc("CachedCompile")
+    if exe.upgrade is not None:
+        exe.settle()
     if exe.paced:
         pol = compiling.platform_policy()
         token = pol.before_dispatch(exe.paced)

@@ -4,9 +4,9 @@ from __future__ import annotations
 import time
 from typing import Dict, List, Optional
 
-from .. import metrics, runtime
+from .. import config, metrics, runtime
 from ..platform import policy
-from . import persistent
+from . import persistent, tiers
 from .graph import Graph
 from .lower import build_fn
 
@@ -14,13 +14,36 @@ _cache: Dict[int, List["Executable"]] = {}
 
 
 class Executable:
-    __slots__ = ("compiled", "donated", "paced")
+    __slots__ = ("compiled", "donated", "paced", "upgrade", "runs")
 
-    def __init__(self, compiled, donated: tuple, paced: int):
+    def __init__(self, compiled, donated: tuple, paced: int, upgrade=None):
         self.compiled = compiled
         self.donated = donated
         # The bytes its dispatches wait for (the platform's host-memory pacing), or 0.
         self.paced = paced
+        # While `compiled` is the quick tier: the optimized compile (a function to queue,
+        # then its tiers.Pending).
+        self.upgrade = upgrade
+        self.runs = 0
+
+    def settle(self) -> None:
+        """Before each run while `upgrade` is set (tiers.py): the second run queues the
+        optimized compile, the third switches to it (waiting if it is not ready)."""
+        self.runs += 1
+        if self.runs == 2:
+            self.upgrade = tiers.submit(self.upgrade)
+            return
+        if self.runs < 3:
+            return
+        pending, self.upgrade = self.upgrade, None
+        try:
+            full = pending.wait()
+        except Exception:  # noqa: BLE001  (the quick executable computes the same program)
+            metrics.inc("TieredCompileFailed")
+            return
+        self.compiled = full
+        self.paced = platform_policy().paced_bytes(full)
+        metrics.inc("TieredCompileSwitch")
 
 
 def platform_policy():
@@ -43,24 +66,38 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple) -> Executable:
         donate = ()
     pol.before_compile()
     t0 = time.perf_counter()
+    # With a persistent cache the optimized program is the one to store: compile it now.
+    quick = (pol.quick_compiler_options(len(graph.order))
+             if config.get("XLA_TIERED_COMPILE") and pkey is None else None)
     with metrics.timed("CompileTime"):
         opts = pol.compiler_options(graph.op_avals())
+        first = {**opts, **quick} if quick else opts
 
         def build(jit_options: dict):
             lowered = jax.jit(fn, donate_argnums=donate, keep_unused=True, **jit_options).lower(*args)
-            return lowered.compile(compiler_options=opts) if opts else lowered.compile()
+            return lowered, (lowered.compile(compiler_options=first) if first else lowered.compile())
         try:
-            compiled = build(strategy.jit_options(graph, args))
+            lowered, compiled = build(strategy.jit_options(graph, args))
         except Exception as e:  # noqa: BLE001
             again = strategy.retry_options(graph, args, e)
             if again is None:
                 raise
-            compiled = build(again)
+            lowered, compiled = build(again)
     metrics.inc("UncachedCompile")
+    pol.after_compile(time.perf_counter() - t0)
+    if quick:
+        metrics.inc("TieredCompile")
+        return Executable(compiled, donate, pol.paced_bytes(compiled), _optimized(lowered, opts))
     if pkey is not None:
         persistent.store(pkey, compiled)
-    pol.after_compile(time.perf_counter() - t0)
     return Executable(compiled, donate, pol.paced_bytes(compiled))
+
+
+def _optimized(lowered, opts: dict):
+    """The background half of a tiered compile: the optimized executable."""
+    def build():
+        return lowered.compile(compiler_options=opts) if opts else lowered.compile()
+    return build
 
 
 def lookup(key: int, donatable: tuple) -> Optional[Executable]:

@@ -1,7 +1,7 @@
 """The default platform policy (what GPU and TPU get)."""
 from __future__ import annotations
 
-from typing import Iterable, Tuple
+from typing import Iterable, Optional, Tuple
 
 
 class Policy:
@@ -12,6 +12,12 @@ class Policy:
     def compiler_options(self, ops: Iterable[Tuple[str, tuple]]) -> dict:
         """XLA options for one program; `ops` yields (op name, first output aval)."""
         return {}
+
+    def quick_compiler_options(self, nodes: int) -> Optional[dict]:
+        """Options for a quick first compile of a program of `nodes` IR nodes, whose
+        optimized compile then runs in the background (executor/tiers.py); None: compile
+        once."""
+        return None
 
     def before_compile(self) -> None:
         pass

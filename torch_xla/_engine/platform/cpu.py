@@ -15,6 +15,10 @@ _YNN_OPTION = "xla_cpu_experimental_ynn_fusion_type"
 # whole heap; the test suite compiles thousands of small programs).
 _RELEASE_AFTER_S = 0.5
 _HOST_CPU_FLAGS: Optional[frozenset] = None
+# Tiered compilation (executor/tiers.py): the quick tier's options, and the smallest
+# program it is worth compiling twice for.
+_QUICK_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+_TIER_MIN_NODES = 64
 
 
 def host_cpu_flags() -> frozenset:
@@ -68,6 +72,11 @@ class CpuPolicy(Policy):
 
     def compiler_options(self, ops):
         return compiler_options(ops)
+
+    def quick_compiler_options(self, nodes: int) -> Optional[dict]:
+        # XLA's fusion emitters take about half of a program's CPU compile time; without
+        # them the code is close in speed for a few runs (bench/bench_first_step.py).
+        return _QUICK_OPTIONS if nodes >= _TIER_MIN_NODES else None
 
     def before_compile(self) -> None:
         host_memory.settle(release=True)
