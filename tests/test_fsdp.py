@@ -75,6 +75,23 @@ def test_fsdp_matches_cpu_training_on_the_global_batch(job, name):
             assert sizes == sorted(math.ceil(p.numel() / 2) for p in ref.parameters())
 
 
+def test_no_sync_accumulates_micro_batches(job):
+    res, _ = job
+    n, half = len(res), fw.BATCH // 2
+    m = fw.net()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.5)
+    for step in range(fw.STEPS):
+        x, y = fw.batch(step, n)
+        opt.zero_grad()
+        for j in (0, 1):  # micro-batch j of every replica, as one batch
+            idx = torch.cat([torch.arange(r * fw.BATCH + j * half, r * fw.BATCH + (j + 1) * half) for r in range(n)])
+            F.nll_loss(m(x[idx]), y[idx]).backward()
+        opt.step()
+    full = consolidate_sharded_state_dicts([o["no_sync"]["state_dict"] for o in res],
+                                           [o["no_sync"]["meta"] for o in res])
+    torch.testing.assert_close(full, m.state_dict(), rtol=1e-5, atol=1e-6)
+
+
 def test_consolidate_command_line(job):
     _, d = job
     subprocess.run([sys.executable, "-m", "torch_xla.distributed.fsdp.consolidate_sharded_ckpts",

@@ -87,6 +87,19 @@ def fsdp_job(index: int, ckpt_dir: str):
         if name == "nested_ckpt_reshard":
             xm.save({"model": m.state_dict(), "shard_metadata": m.get_shard_metadata()},
                     f"{ckpt_dir}/ckpt_rank-{r:08d}-of-{n:08d}.pth", master_only=False)
+    # Gradient accumulation: the first micro-batch of each step under no_sync().
+    m = FSDP(net())
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.5)
+    for step in range(STEPS):
+        x, y = batch(step, n)
+        x, y = x[BATCH * r:BATCH * (r + 1)].to(dev), y[BATCH * r:BATCH * (r + 1)].to(dev)
+        opt.zero_grad()
+        with m.no_sync():
+            F.nll_loss(m(x[:BATCH // 2]), y[:BATCH // 2]).backward()
+        F.nll_loss(m(x[BATCH // 2:]), y[BATCH // 2:]).backward()
+        opt.step()
+        xm.mark_step()
+    out["no_sync"] = {"state_dict": {k: v.cpu() for k, v in m.state_dict().items()}, "meta": m.get_shard_metadata()}
     # ZeRO-1
     m = net().to(dev)
     opt = ZeroRedundancyOptimizer(m.parameters(), torch.optim.Adam, lr=0.01, max_norm=0.5)

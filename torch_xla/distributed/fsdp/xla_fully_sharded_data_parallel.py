@@ -16,8 +16,9 @@ at most a few wrappers' full parameters are alive at once.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -54,8 +55,9 @@ class _AllGather(torch.autograd.Function):
     """shard -> padded full value (all-gather on dim 0); gradient: reduce-scatter, averaged."""
 
     @staticmethod
-    def forward(ctx, shard, fsdp, after=None):
+    def forward(ctx, shard, fsdp, after=None, group=0):
         ctx.fsdp = fsdp
+        ctx.group = group
         ctx.dtype = shard.dtype
         x = shard if shard.dtype == fsdp.compute_dtype else shard.to(fsdp.compute_dtype)
         if after is not None:
@@ -67,10 +69,17 @@ class _AllGather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         f = ctx.fsdp
+        held = f._unsynced_grads.pop(ctx.group, None)
+        if held is not None:
+            grad = grad + held
+        if not f._sync_grads:
+            # Inside no_sync(): keep the full gradient here, reduce it with a later one.
+            f._unsynced_grads[ctx.group] = grad
+            return None, None, None, None
         if f.fp32_reduce_scatter and grad.dtype != torch.float32:
             grad = grad.float()
         r = _coll.reduce_scatter("sum", grad, 1.0 / f.world_size, 0, f.world_size, f.sharding_groups)
-        return r.to(ctx.dtype), None, None
+        return r.to(ctx.dtype), None, None, None
 
 
 class _Saved:
@@ -167,6 +176,8 @@ class XlaFullyShardedDataParallel(nn.Module):
         self._in_backward = False
         self._resharded = False
         self._checkpointed = any(hasattr(m, "_xla_checkpointed_forward_original") for m in self._own_modules(module))
+        self._sync_grads = True
+        self._unsynced_grads: Dict[int, torch.Tensor] = {}
 
     # ---- sharding -----------------------------------------------------------------------
 
@@ -275,10 +286,10 @@ class XlaFullyShardedDataParallel(nn.Module):
         out = []
         if after is not None and not self.optimization_barrier_in_backward:
             after = None
-        for g in self._groups:
+        for gi, g in enumerate(self._groups):
             s = g.shard
             if torch.is_grad_enabled() and g.requires_grad:
-                full = _AllGather.apply(s, self, after)  # casts to compute_dtype inside
+                full = _AllGather.apply(s, self, after, gi)  # casts to compute_dtype inside
             else:
                 s = s.detach() if s.dtype == self.compute_dtype else s.detach().to(self.compute_dtype)
                 x = s if after is None else _coll.optimization_barrier([s, after])[0]
@@ -358,6 +369,22 @@ class XlaFullyShardedDataParallel(nn.Module):
         return out
 
     # ---- utilities ------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Gradients of the backward passes run inside are not reduced over the replicas:
+        each wrapper keeps them whole (as much memory as the full parameters) and adds
+        them to the gradient of the first backward after the context, which reduces the
+        sum. For gradient accumulation without a reduce-scatter per micro-batch."""
+        wrappers = [m for m in self.modules() if isinstance(m, XlaFullyShardedDataParallel)]
+        before = [m._sync_grads for m in wrappers]
+        for m in wrappers:
+            m._sync_grads = False
+        try:
+            yield
+        finally:
+            for m, b in zip(wrappers, before):
+                m._sync_grads = b
 
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, groups=None) -> torch.Tensor:
