@@ -147,7 +147,27 @@ def lower_text(roots, dialect: str = "stablehlo") -> str:
     (`dialect="hlo"`, with the sharding annotations before partitioning); with
     XLA_HLO_DEBUG, with locations (each op's Python source line)."""
     from .. import config
-    return lowered(roots).as_text(dialect=dialect, debug_info=bool(config.get("XLA_HLO_DEBUG")))
+    debug = bool(config.get("XLA_HLO_DEBUG"))
+    low = lowered(roots)
+    if dialect != "hlo":
+        return low.as_text(dialect=dialect, debug_info=debug)
+    # XLA's full text form: operand shapes inline (`convert(bf16[16,10]{1,0} %p0)`), as
+    # HLO dumps print them, so one line tells an op's input and output types; without
+    # XLA_HLO_DEBUG the instructions are named by opcode (`%exponential.3`), not by the
+    # jax primitive that emitted them.
+    from jax._src.interpreters import mlir
+    from jax._src.lib import _jax
+    from jaxlib import xla_client
+    if debug:
+        comp = low.compiler_ir("hlo")
+    else:
+        text = mlir.module_to_string(low.compiler_ir("stablehlo"), enable_debug_info=False)
+        comp = _jax.mlir.mlir_module_to_xla_computation(text, use_tuple_args=False)
+    opts = xla_client.hlo.HloPrintOptions()
+    opts.print_large_constants = True
+    opts.print_operand_shape = True
+    opts.print_metadata = debug
+    return comp.as_hlo_module().to_string(opts)
 
 
 def pending_graph_key():

@@ -20,13 +20,16 @@ _HALF = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
 
 
 def _pet(*xs):
-    """preferred_element_type: float32 accumulation for half types."""
+    """preferred_element_type: a float32 result for half types (where more math follows)."""
     dt = jnp.result_type(*xs)
     return jnp.float32 if np.dtype(dt) in _HALF else None
 
 
-def _matmul(a, b):
-    return jnp.matmul(a, b, precision=_HI, preferred_element_type=_pet(a, b))
+def _matmul(a, b, wide: bool = False):
+    # A half-precision product is a half-precision dot: XLA accumulates it in float32 and
+    # rounds once, as PyTorch's CPU kernels do; `wide` keeps the float32 result for a sum
+    # that follows (addmm's bias), so that it is rounded once too.
+    return jnp.matmul(a, b, precision=_HI, preferred_element_type=_pet(a, b) if wide else None)
 
 
 def _is_num(v, k):
@@ -62,17 +65,17 @@ def mm(x, y):
 
 @lowering("aten::dot")
 def dot(x, y):
-    return jnp.dot(x, y, precision=_HI, preferred_element_type=_pet(x, y))
+    return jnp.dot(x, y, precision=_HI)
 
 
 @lowering("aten::vdot")
 def vdot(x, y):
-    return jnp.dot(jnp.conj(x), y, precision=_HI, preferred_element_type=_pet(x, y))
+    return jnp.dot(jnp.conj(x), y, precision=_HI)
 
 
 @lowering("aten::addmm", "aten::addmv", "aten::baddbmm")
 def addmm(self, m1, m2, beta=1, alpha=1):
-    return _scaled_add(self, _matmul(m1, m2), beta, alpha)
+    return _scaled_add(self, _matmul(m1, m2, wide=True), beta, alpha)
 
 
 @lowering("aten::addbmm")
@@ -163,7 +166,7 @@ def euclidean_dist(x1, x2):
     x1, x2 = x1.astype(_calc_dt(dt)), x2.astype(_calc_dt(dt))
     n1 = jnp.sum(x1 * x1, axis=-1, keepdims=True)
     n2 = jnp.sum(x2 * x2, axis=-1, keepdims=True)
-    d2 = n1 - 2 * _matmul(x1, _mT(x2)) + _mT(n2)
+    d2 = n1 - 2 * _matmul(x1, _mT(x2), wide=True) + _mT(n2)
     return jnp.sqrt(jnp.maximum(d2, 0))
 
 
