@@ -157,3 +157,21 @@ def test_model_comparator_finds_difference(tmp_path, dev):
     report = mc.compare(str(d1), str(d2))
     mc.configure(None)
     assert "Mismatch: t.1" in report
+
+
+def test_dot_general_matches_einsum(dev):
+    a, b = torch.randn(2, 3, 4), torch.randn(2, 4, 5)
+    got = torch_xla._XLAC._xla_dot_general(a.to(dev), b.to(dev), (([2], [1]), ([0], [0])))
+    torch.testing.assert_close(got.cpu(), torch.einsum("bij,bjk->bik", a, b), rtol=1e-4, atol=1e-5)
+    x, w = torch.randn(2, 1), torch.randn(1, 2)
+    torch.testing.assert_close(torch_xla._XLAC._xla_dot_general(x.to(dev), w.to(dev), (([1], [0]), ())).cpu(), x @ w)
+
+
+def test_bitwise_shifts_and_bool_scatter_add(dev):
+    t1, t2 = torch.randint(-20, 20, (3, 4)), torch.randint(0, 10, (4,))
+    torch.testing.assert_close(torch.bitwise_left_shift(t1.to(dev), t2.to(dev)).cpu(), torch.bitwise_left_shift(t1, t2))
+    torch.testing.assert_close(torch.bitwise_right_shift(t1.to(dev), t2.to(dev)).cpu(), torch.bitwise_right_shift(t1, t2))
+    torch.testing.assert_close((t1.to(dev) >> 2).cpu(), t1 >> 2)
+    x = torch.zeros(5, dtype=torch.bool)
+    idx, src = torch.tensor([0, 2, 2]), torch.tensor([True, False, True])
+    torch.testing.assert_close(x.to(dev).scatter_add(0, idx.to(dev), src.to(dev)).cpu(), x.scatter_add(0, idx, src))

@@ -364,3 +364,28 @@ def _unsafe_buffer_pointer(t: torch.Tensor) -> int:
     arr = executor.materialize(state_of(t))
     arr.block_until_ready()
     return int(arr.addressable_data(0).unsafe_buffer_pointer())
+
+
+def _xla_dot_general(lhs: torch.Tensor, rhs: torch.Tensor, dim_numbers,
+                     preferred_element_type: Optional[torch.dtype] = None) -> torch.Tensor:
+    """XLA's DotGeneral of two xla tensors; `dim_numbers` is ((lhs contracting dims, rhs
+    contracting dims), (lhs batch dims, rhs batch dims)), `()` for no batch dims."""
+    from ._engine import runtime
+    from ._engine.kernels import engine_op
+    contracting, batch = dim_numbers
+    batch = batch if batch else ((), ())
+    dn = (tuple(tuple(int(d) for d in c) for c in contracting), tuple(tuple(int(d) for d in b) for b in batch))
+    dtype = torch.result_type(lhs, rhs)
+    if lhs.dtype != dtype:
+        lhs = lhs.to(dtype)
+    if rhs.dtype != dtype:
+        rhs = rhs.to(dtype)
+    out_dtype = preferred_element_type or dtype
+    jax = runtime.jax_module()
+    from jax import lax
+    shape = jax.eval_shape(lambda a, b: lax.dot_general(a, b, dn),
+                           jax.ShapeDtypeStruct(tuple(lhs.shape), runtime.device_dtype(dtype)),
+                           jax.ShapeDtypeStruct(tuple(rhs.shape), runtime.device_dtype(dtype))).shape
+    preferred = None if preferred_element_type is None else runtime.device_dtype(preferred_element_type)
+    (out,) = engine_op("xla::dot_general", [lhs, rhs], (dn, preferred), [(tuple(shape), out_dtype)])
+    return out

@@ -14,3 +14,10 @@ def user_computation(*args):
     computation's result as its leaves."""
     comp = args[-1]
     return tuple(comp.flat_call(*args[:-2]))
+
+
+@lowering("xla::dot_general")
+def dot_general(lhs, rhs, dimension_numbers, preferred):
+    """XLA's DotGeneral: ((lhs contracting, rhs contracting), (lhs batch, rhs batch))."""
+    from jax import lax
+    return lax.dot_general(lhs, rhs, dimension_numbers, preferred_element_type=preferred)
