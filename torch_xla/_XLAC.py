@@ -26,6 +26,9 @@ def _get_xla_tensors_text(tensors: List[torch.Tensor]) -> str:
     order = executor.Graph(roots).order
     names = {}
     lines = ["IR {"]
+    root_ids = {}
+    for i, (n, _) in enumerate(roots):
+        root_ids.setdefault(id(n), i)
     for n in order:
         names[id(n)] = f"%{len(names)}"
         shapes = ", ".join(f"{_dt(d)}[{','.join(map(str, s))}]" for s, d in
@@ -40,8 +43,8 @@ def _get_xla_tensors_text(tensors: List[torch.Tensor]) -> str:
             ops = ", ".join(f"{names[id(o)]}" + (f".{i}" if len(o.avals) > 1 else "") for o, i in n.operands)
             statics = [a for a in n.args if not isinstance(a, ir.Ref) and not (isinstance(a, tuple) and a and isinstance(a[0], ir.Ref))]
             desc = f"{n.op}({ops})" + (f", args={statics}" if statics else "")
-        lines.append(f"  {names[id(n)]} = {shapes} {desc}")
-    lines.append("  ROOT = (" + ", ".join(f"{names[id(n)]}" for n, _ in roots) + ")")
+        root = f", ROOT={root_ids[id(n)]}" if id(n) in root_ids else ""
+        lines.append(f"  {names[id(n)]} = {shapes} {desc}{root}")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -49,7 +52,9 @@ def _get_xla_tensors_text(tensors: List[torch.Tensor]) -> str:
 def _dt(d):
     return {torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16", torch.float16: "f16",
             torch.int64: "s64", torch.int32: "s32", torch.int16: "s16", torch.int8: "s8",
-            torch.uint8: "u8", torch.bool: "pred"}.get(d, str(d).replace("torch.", ""))
+            torch.uint8: "u8", torch.uint16: "u16", torch.uint32: "u32", torch.uint64: "u64",
+            torch.bool: "pred", torch.complex64: "c64",
+            torch.complex128: "c128"}.get(d, str(d).replace("torch.", ""))
 
 
 def _get_xla_tensors_hlo(tensors: Optional[List[torch.Tensor]]) -> str:
@@ -276,3 +281,111 @@ def _init_computation_client() -> None:
     """Starts the runtime (jax and its PJRT client) now rather than at the first use."""
     from ._engine import runtime
     runtime.local_devices()
+
+
+# ---- computations built by hand (torch_xla.core.xla_builder) ----------------------------
+
+def _xla_user_computation(opname: str, inputs: List[torch.Tensor], computation) -> List[torch.Tensor]:
+    """Applies an `xla_builder` computation to xla tensors (one result per tuple element)."""
+    from .core import xla_builder
+    return xla_builder.user_computation(opname, inputs, computation)
+
+
+def _xla_computation_text(computation) -> str:
+    return computation.hlo_text()
+
+
+# ---- DLPack (torch_xla.utils.dlpack) -----------------------------------------------------
+
+def _to_dlpack(t: torch.Tensor):
+    """A DLPack capsule of the device buffer holding `t`'s value (CPU device)."""
+    from ._engine import runtime
+    arr = executor.materialize(state_of(t))
+    want = runtime.numpy_dtype(t.dtype)
+    if arr.dtype != want:  # XLA_USE_BF16 / XLA_DOWNCAST_BF16 storage
+        arr = arr.astype(want)
+    return arr.__dlpack__()
+
+
+def _from_dlpack(ext):
+    """An xla tensor holding a copy of a DLPack capsule's (or `__dlpack__` object's) data."""
+    return torch.utils.dlpack.from_dlpack(ext).to("xla")
+
+
+def _xla_tensors_from_aten(tensors: List[torch.Tensor], devices: List[str]) -> List[torch.Tensor]:
+    """Copies of CPU tensors on the given xla devices."""
+    return [t.to(torch.device(d)) for t, d in zip(tensors, devices)]
+
+
+def _xla_real_devices(devices: List[str]) -> List[str]:
+    """The hardware devices (`CPU:0`, `TPU:1`...) behind xla devices."""
+    from ._api import real_devices
+    real = real_devices()
+    return [real[torch.device(d).index or 0] for d in devices]
+
+
+def _get_xla_tensor_dimension_size(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """The size of dimension `dim` of `t` as a 0-d int32 xla tensor (shapes are static)."""
+    return torch.tensor(t.shape[dim], dtype=torch.int32, device=t.device)
+
+
+def _get_xla_tensor_shape_type(t: torch.Tensor) -> str:
+    """The XLA element type of `t` on the device ('f32', 'bf16', ...)."""
+    from ._engine import runtime
+    return _dt(runtime.torch_dtype(runtime.device_dtype(t.dtype)))
+
+
+def _get_executed_fallback_ops() -> List[str]:
+    """The ops that ran on the CPU fallback so far (`aten::<op>` counters)."""
+    return sorted(k for k in metrics.counters if k.startswith("aten::"))
+
+
+def _init_xla_lazy_backend() -> None:
+    """The backend is set up by `import torch_xla`; calling this again does nothing."""
+
+
+def _get_git_revs() -> dict:
+    """Versions of the pieces: `xla` (the XLA in jaxlib), `torch`, `torch_xla`."""
+    import jaxlib
+    return {"xla": f"jaxlib {jaxlib.__version__}", "torch": torch.version.git_version or torch.__version__,
+            "torch_xla": _project_version()}
+
+
+def _project_version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("torch-xla-jax")
+    except Exception:  # noqa: BLE001 - not installed as a distribution (a source tree)
+        return "unknown"
+
+
+def _unsafe_buffer_pointer(t: torch.Tensor) -> int:
+    """The address of the device buffer holding `t` (its pending graph runs first)."""
+    arr = executor.materialize(state_of(t))
+    arr.block_until_ready()
+    return int(arr.addressable_data(0).unsafe_buffer_pointer())
+
+
+def _xla_dot_general(lhs: torch.Tensor, rhs: torch.Tensor, dim_numbers,
+                     preferred_element_type: Optional[torch.dtype] = None) -> torch.Tensor:
+    """XLA's DotGeneral of two xla tensors; `dim_numbers` is ((lhs contracting dims, rhs
+    contracting dims), (lhs batch dims, rhs batch dims)), `()` for no batch dims."""
+    from ._engine import runtime
+    from ._engine.kernels import engine_op
+    contracting, batch = dim_numbers
+    batch = batch if batch else ((), ())
+    dn = (tuple(tuple(int(d) for d in c) for c in contracting), tuple(tuple(int(d) for d in b) for b in batch))
+    dtype = torch.result_type(lhs, rhs)
+    if lhs.dtype != dtype:
+        lhs = lhs.to(dtype)
+    if rhs.dtype != dtype:
+        rhs = rhs.to(dtype)
+    out_dtype = preferred_element_type or dtype
+    jax = runtime.jax_module()
+    from jax import lax
+    shape = jax.eval_shape(lambda a, b: lax.dot_general(a, b, dn),
+                           jax.ShapeDtypeStruct(tuple(lhs.shape), runtime.device_dtype(dtype)),
+                           jax.ShapeDtypeStruct(tuple(rhs.shape), runtime.device_dtype(dtype))).shape
+    preferred = None if preferred_element_type is None else runtime.device_dtype(preferred_element_type)
+    (out,) = engine_op("xla::dot_general", [lhs, rhs], (dn, preferred), [(tuple(shape), out_dtype)])
+    return out

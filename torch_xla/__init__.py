@@ -13,6 +13,9 @@ from ._engine import patches as _patches
 _device.register()
 _kernels.register()
 _patches.install_import_time()
+if _patches.enabled("nn_gru"):
+    from .experimental import gru as _gru
+    _gru.install()
 
 from . import _XLAC  # noqa: E402,F401  (documented as torch_xla._XLAC)
 from ._api import (device, devices, device_count, sync, step, compile, manual_seed,  # noqa: E402

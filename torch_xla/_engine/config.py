@@ -63,6 +63,8 @@ _VARS = [
         "`0`: keep PyTorch's Functionalize kernel of `copy_` (then `cpu.copy_(xla)` fails)"),
     Var("PT_XLA_FUNCTIONALIZE_TO_COPY", "bool", True,
         "`0`: keep PyTorch's Functionalize kernel of `_to_copy` (`x.to(dtype)` is then unwrapped)"),
+    Var("PT_XLA_PATCH_GRU", "bool", True,
+        "`0`: leave `torch.nn.GRU` as it is (no scan-based GRU on xla tensors)"),
     Var("PT_XLA_LAZY_DYNAMO_DISABLE", "bool", True,
         "`0`: let PyTorch's meta kernels import `torch._dynamo` on their first call"),
     Var("TORCH_XLA_JAX_PROCESS_ID", "int", None, "set by the launcher: this process's rank", cached=False),
@@ -83,6 +85,9 @@ _VARS = [
     Var("MASTER_PORT", "str", None, "torchrun: the master's store port", cached=False),
     Var("JAX_PLATFORMS", "str", "", "jax's platform list (set from PJRT_DEVICE when unset)", cached=False),
     Var("DEBUG", "bool", False, "`torch_xla.utils.utils.get_print_fn`: print when set", cached=False),
+    Var("MODELCMP_SAVEDIR", "str", None,
+        "`torch_xla.debug.model_comparator.save`: the folder tensors are saved in (unless `configure`d)",
+        cached=False),
 ]
 VARS: Dict[str, Var] = {v.name: v for v in _VARS}
 _cache: Dict[str, Any] = {}

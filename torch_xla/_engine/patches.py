@@ -64,6 +64,11 @@ REGISTRY: List[Patch] = [
           "`module.to(xla)` gives each module its own new Parameter (CPU and xla tensors "
           "cannot swap data in place): parameters that two modules shared (an embedding tied "
           "to an LM head) are shared again afterwards"),
+    Patch("nn_gru", "`torch.nn.GRU` (the original stays as `torch.nn.GRU._orig`)", "import",
+          "PT_XLA_PATCH_GRU",
+          "a subclass (`torch_xla.experimental.gru.GRU`) that runs each layer's time loop on "
+          "xla tensors as one program loop instead of one traced step per time step; other "
+          "devices, packed sequences and bidirectional GRUs take PyTorch's own code"),
     Patch("xla_flags", "the `XLA_FLAGS` and `JAX_PLATFORMS` environment variables",
           "jax start", "XLA_FLAGS naming the flag yourself",
           "`JAX_PLATFORMS` from `PJRT_DEVICE`; on CPU, XLA's memory-minimising scheduler "

@@ -17,7 +17,7 @@ class ToXlaTensorArena:
         if self._select_fn(x):
             return fn(x)
         if isinstance(x, dict):
-            return type(x)((k, self._walk(v, fn)) for k, v in x.items())
+            return type(x)((self._walk(k, fn), self._walk(v, fn)) for k, v in x.items())
         if isinstance(x, tuple) and hasattr(x, "_fields"):
             return type(x)(*(self._walk(v, fn) for v in x))
         if isinstance(x, (list, tuple, set)):

@@ -311,10 +311,15 @@ def send_cpu_data_to_device(datas, device, input_sharding=None):
             return x.to(device)
         if isinstance(x, dict):
             return type(x)((k, move(v)) for k, v in x.items())
+        if isinstance(x, DataWrapper):
+            return x.from_tensors([move(v) for v in x.get_tensors()])
         if isinstance(x, (list, tuple)):
             items = [move(v) for v in x]
             return type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
         return x
+    from ..utils.utils import DataWrapper
+    if type(datas) is torch.Tensor:
+        datas = [datas]
     return move(datas)
 
 

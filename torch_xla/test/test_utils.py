@@ -20,6 +20,24 @@ from torch_xla import runtime as xr
 from torch_xla._engine import config as _config
 
 
+def mp_test(func):
+    """Decorates a `unittest.TestCase` method to run in a child process of its own; the
+    test fails unless that process exits with status 0."""
+    import functools
+    import multiprocessing
+    import unittest
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        proc = multiprocessing.Process(target=func, args=args, kwargs=kwargs)
+        proc.start()
+        proc.join()
+        if args and isinstance(args[0], unittest.TestCase):
+            args[0].assertEqual(proc.exitcode, 0)
+        return proc.exitcode
+    return wrapper
+
+
 def _get_device_spec(device) -> str:
     ordinal = xr.global_ordinal()
     return str(device) if ordinal < 0 else f"{device}/{ordinal}"

@@ -7,6 +7,7 @@ debug-print/timing helpers.
 from __future__ import annotations
 
 import collections
+import copy
 import shutil
 import sys
 import tempfile
@@ -174,67 +175,90 @@ def _rebuild_sequence(orig, items):
         return list(items) if isinstance(orig, list) else tuple(items)
 
 
+def _walks_attributes(value) -> bool:
+    import torch
+    return (hasattr(value, "__dict__") and not isinstance(value, (type, torch.Tensor))
+            and not callable(value))
+
+
 def _for_each_instance(value, select_fn: Callable, fn: Callable, seen: set) -> None:
-    if select_fn(value):
-        fn(value)
-        return
+    # Every object is visited once (by identity): shared and interned values too.
     if id(value) in seen:
         return
-    if isinstance(value, (list, tuple, set, frozenset)):
-        seen.add(id(value))
-        for v in value:
-            _for_each_instance(v, select_fn, fn, seen)
+    seen.add(id(value))
+    if select_fn(value):
+        fn(value)
     elif isinstance(value, dict):
-        seen.add(id(value))
         for k, v in value.items():
             _for_each_instance(k, select_fn, fn, seen)
             _for_each_instance(v, select_fn, fn, seen)
-    elif hasattr(value, "__dict__") and not isinstance(value, type) and not callable(value):
-        seen.add(id(value))
-        for v in vars(value).values():
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        for v in value:
+            _for_each_instance(v, select_fn, fn, seen)
+    elif isinstance(value, DataWrapper):
+        for v in value.get_tensors():
+            _for_each_instance(v, select_fn, fn, seen)
+    elif _walks_attributes(value):
+        for v in list(vars(value).values()):
             _for_each_instance(v, select_fn, fn, seen)
 
 
 def for_each_instance(value, select_fn: Callable, fn: Callable) -> None:
     """Calls `fn(x)` on every `x` in the nested structure `value` with `select_fn(x)` true.
 
-    Walks lists, tuples, sets, dicts (keys and values) and plain objects' attributes.
+    Walks lists, tuples, sets, dicts (keys and values), `DataWrapper` tensors and plain
+    objects' attributes, visiting each object once (by identity).
     """
     _for_each_instance(value, select_fn, fn, set())
 
 
 def _rewrite(value, select_fn, fn, memo):
-    if select_fn(value):
-        key = id(value)
-        if key not in memo:
-            memo[key] = (value, fn(value))
+    # memo: id -> (original, copy); containers are registered before their contents so
+    # that cycles through dicts, lists and objects close on the copy.
+    key = id(value)
+    if key in memo:
         return memo[key][1]
-    if isinstance(value, dict):
-        new = [(_rewrite(k, select_fn, fn, memo), _rewrite(v, select_fn, fn, memo)) for k, v in value.items()]
+    if select_fn(value):
+        out = fn(value)
+    elif isinstance(value, dict):
         try:
-            if isinstance(value, collections.defaultdict):
-                out = type(value)(value.default_factory)
-            else:
-                out = type(value)()
+            out = type(value)(value.default_factory) if isinstance(value, collections.defaultdict) else type(value)()
         except TypeError:
             out = {}
-        for k, v in new:
-            out[k] = v
+        memo[key] = (value, out)
+        for k, v in list(value.items()):
+            k = _rewrite(k, select_fn, fn, memo)  # keys first, as for_each_instance visits them
+            out[k] = _rewrite(v, select_fn, fn, memo)
         if hasattr(value, "_metadata"):
             out._metadata = value._metadata
-        return out
-    if isinstance(value, (list, tuple)):
-        return _rebuild_sequence(value, [_rewrite(v, select_fn, fn, memo) for v in value])
-    if isinstance(value, (set, frozenset)):
-        return type(value)(_rewrite(v, select_fn, fn, memo) for v in value)
-    return value
+    elif type(value) is list:
+        out = []
+        memo[key] = (value, out)
+        out.extend(_rewrite(v, select_fn, fn, memo) for v in value)
+    elif isinstance(value, (list, tuple)):
+        out = _rebuild_sequence(value, [_rewrite(v, select_fn, fn, memo) for v in value])
+    elif isinstance(value, (set, frozenset)):
+        out = type(value)(_rewrite(v, select_fn, fn, memo) for v in value)
+    elif isinstance(value, DataWrapper):
+        out = value.from_tensors([_rewrite(v, select_fn, fn, memo) for v in value.get_tensors()])
+    elif _walks_attributes(value):
+        out = copy.copy(value)
+        memo[key] = (value, out)
+        for k, v in list(vars(out).items()):
+            vars(out)[k] = _rewrite(v, select_fn, fn, memo)
+    else:
+        out = value
+    memo[key] = (value, out)
+    return out
 
 
 def for_each_instance_rewrite(value, select_fn: Callable, fn: Callable):
     """A copy of nested `value` where each `x` with `select_fn(x)` is replaced by `fn(x)`.
 
     Lists, tuples (named ones too), sets and dicts (keeping their type and a state
-    dict's `_metadata`) are rebuilt; an object selected twice is converted once.
+    dict's `_metadata`) are rebuilt, `DataWrapper`s rebuilt with `from_tensors`, plain
+    objects shallow-copied with their attributes rewritten; an object reached twice is
+    converted once (cycles are kept).
     """
     return _rewrite(value, select_fn, fn, {})
 
@@ -301,3 +325,24 @@ def timed(fn: Callable, msg: str = "", printfn: Optional[Callable] = eprint):
     result = fn()
     printfn("{}{:.3f}ms".format(msg, 1000.0 * (time.time() - start)))
     return result
+
+
+class TimedScope:
+    """A context manager printing ``f"{msg}{milliseconds:.3f}ms"`` at exit, unless
+    `set_error` was called (``printfn=None``: `get_print_fn()`)."""
+
+    def __init__(self, msg: str = "", printfn: Optional[Callable] = eprint):
+        self._msg = msg
+        self._printfn = printfn if printfn is not None else get_print_fn()
+        self._error = None
+
+    def __enter__(self) -> "TimedScope":
+        self._start = time.time()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._error is None:
+            self._printfn("{}{:.3f}ms".format(self._msg, 1000.0 * (time.time() - self._start)))
+
+    def set_error(self, error) -> None:
+        self._error = error

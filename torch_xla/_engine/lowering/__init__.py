@@ -30,5 +30,5 @@ __all__ = ["LOWERINGS", "Lowering", "LoweringError", "apply", "ctx", "lowering",
 def load_all() -> None:
     """Imports every lowering family (each registers itself)."""
     from . import (elementwise, reductions, selection, ctc, shape_ops, nn_ops, conv, pooling, indexing,  # noqa: F401
-                   factories,
+                   factories, custom, rnn,
                    linalg, random_ops, collectives, foreach, fft, special, sharding, amp)

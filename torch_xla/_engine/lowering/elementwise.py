@@ -310,6 +310,24 @@ for _n, _f in {"bitwise_and": jnp.bitwise_and, "bitwise_or": jnp.bitwise_or,
     lowering(f"aten::{_n}.Tensor", f"aten::{_n}.Scalar", promote=True)((lambda f: lambda x, y: f(x, y))(_f))
 
 
+@lowering("aten::bitwise_left_shift.Tensor", "aten::bitwise_left_shift.Tensor_Scalar",
+          "aten::bitwise_left_shift.Scalar_Tensor", "aten::__lshift__.Tensor", "aten::__lshift__.Scalar",
+          promote=True)
+def bitwise_left_shift(x, y):
+    # XLA gives 0 for shift amounts outside [0, bits), as PyTorch's CPU kernel does.
+    return lax.shift_left(*jnp.broadcast_arrays(x, y))
+
+
+@lowering("aten::bitwise_right_shift.Tensor", "aten::bitwise_right_shift.Tensor_Scalar",
+          "aten::bitwise_right_shift.Scalar_Tensor", "aten::__rshift__.Tensor", "aten::__rshift__.Scalar",
+          promote=True)
+def bitwise_right_shift(x, y):
+    x, y = jnp.broadcast_arrays(x, y)
+    if jnp.issubdtype(x.dtype, jnp.signedinteger):
+        return lax.shift_right_arithmetic(x, y)
+    return lax.shift_right_logical(x, y)
+
+
 @lowering("aten::bitwise_not")
 def bitwise_not(x):
     return jnp.logical_not(x) if x.dtype == jnp.bool_ else jnp.invert(x)

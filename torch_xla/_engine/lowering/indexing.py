@@ -170,7 +170,7 @@ def _scatter(x, dim, index, src, mode):
     if mode == "set":
         out = ref.set(v)
     elif mode in ("add", "sum"):
-        out = ref.add(v)
+        out = ref.max(v) if x1.dtype == jnp.bool_ else ref.add(v)  # bool: logical or
     elif mode in ("multiply", "prod"):
         out = ref.multiply(v)
     elif mode == "amax":
