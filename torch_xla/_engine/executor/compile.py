@@ -14,11 +14,14 @@ _cache: Dict[int, List["Executable"]] = {}
 
 
 class Executable:
-    __slots__ = ("compiled", "donated", "paced")
+    __slots__ = ("compiled", "donated", "paced", "checks")
 
-    def __init__(self, compiled, donated: tuple, paced: int):
+    def __init__(self, compiled, donated: tuple, paced: int, checks: Optional[list] = None):
         self.compiled = compiled
         self.donated = donated
+        # The host side of the program's index checks (its last output is their error
+        # vector, `checks.py`), or None when it has none.
+        self.checks = checks
         # The bytes its dispatches wait for (the platform's host-memory pacing), or 0.
         self.paced = paced
 
@@ -38,7 +41,7 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple) -> Executable:
             exe = persistent.load(pkey)
             if exe is not None:
                 return Executable(exe, donate, pol.paced_bytes(exe))
-    fn = strategy.wrap(build_fn(graph, pol.patch_convolutions), graph)
+    fn = strategy.wrap(build_fn(graph, pol.patch_convolutions, checks=True), graph)
     if not strategy.donates:
         donate = ()
     pol.before_compile()
@@ -60,7 +63,7 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple) -> Executable:
     if pkey is not None:
         persistent.store(pkey, compiled)
     pol.after_compile(time.perf_counter() - t0)
-    return Executable(compiled, donate, pol.paced_bytes(compiled))
+    return Executable(compiled, donate, pol.paced_bytes(compiled), graph.checks)
 
 
 def lookup(key: int, donatable: tuple) -> Optional[Executable]:
