@@ -21,7 +21,11 @@ from . import _XLAC  # noqa: E402,F401  (documented as torch_xla._XLAC)
 from ._api import (device, devices, device_count, sync, step, compile, manual_seed,  # noqa: E402
                    launch, real_devices, is_xla_tensor)
 
-__version__ = "0.1.0"
+# The API level: the version of PyTorch/XLA whose public API this package implements, so
+# that clients gating on `torch_xla.__version__` (accelerate, Lightning) take the path
+# written for it. The package's own release is `__project_version__` (its metadata).
+__version__ = "2.9.0"
+__project_version__ = "0.1.0"
 __all__ = ["device", "devices", "device_count", "sync", "step", "compile", "manual_seed", "launch",
            "real_devices", "is_xla_tensor"]
 

@@ -23,7 +23,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from . import executor, ir, metrics, mode, rng, runtime
-from .executor import compile as compiling
+from .executor import checks, compile as compiling
 from .tensor import is_functional, make_tensor, pending, replace_state, state_of, unwrap, wrap_user
 
 _DEVICE_DATA = ir.DeviceData
@@ -98,7 +98,7 @@ class Program:
             outs = exe.compiled(*args)
         if exe.paced:
             pol.after_dispatch(exe.paced, token, outs)
-        outs = strategy.from_outputs(outs, graph)
+        outs = strategy.from_outputs(checks.split(outs, exe.checks), graph)
         metrics.inc("ExecuteCount")
         results = []
         for (n, i), arr in zip(graph.roots, outs):

@@ -3,12 +3,15 @@
 Tensor collectives are IR nodes (lowered in lowering/collectives.py) that become
 part of the step's graph; with one replica they are the identity. `rendezvous` and
 `mesh_reduce` exchange host data through the coordination service's key-value
-store, with the job's collective timeout.
+store, with the job's collective timeout. What `mesh_reduce` exchanges is encoded as
+data only (`encode_host` / `decode_host`: tensors through `torch.save` and
+`torch.load(weights_only=True)`, containers and scalars as tagged values), never as a
+pickle that could run code in the reader.
 """
 from __future__ import annotations
 
+import io
 import itertools
-import pickle
 from typing import Callable, List
 
 import torch
@@ -199,18 +202,75 @@ def rendezvous(tag: str, payload: bytes = b"", replicas=()) -> List[bytes]:
 def mesh_reduce(tag: str, data, reduce_fn: Callable):
     if job.world_size() <= 1:
         return reduce_fn([data])
-    payloads = rendezvous(tag, pickle.dumps(_host_tree(data)))
-    return reduce_fn([pickle.loads(p) for p in payloads])
+    payloads = rendezvous(tag, encode_host(data))
+    return reduce_fn([decode_host(p) for p in payloads])
 
 
-def _host_tree(data):
-    if isinstance(data, torch.Tensor):
-        return data.cpu()
-    if isinstance(data, (list, tuple)):
-        return type(data)(_host_tree(x) for x in data)
-    if isinstance(data, dict):
-        return {k: _host_tree(v) for k, v in data.items()}
-    return data
+_SCALARS = (bool, int, float, complex, str, bytes, type(None))
+
+
+def _tag(x):
+    """`x` as nested (kind, value) pairs of the types `torch.load(weights_only=True)` reads."""
+    if isinstance(x, torch.Tensor):
+        return ("t", x.detach().cpu())
+    t = type(x)
+    if t in _SCALARS:
+        return ("s", x)
+    if t is list:
+        return ("l", [_tag(v) for v in x])
+    if t is tuple:
+        return ("u", [_tag(v) for v in x])
+    if t is dict:
+        return ("d", [(_tag(k), _tag(v)) for k, v in x.items()])
+    if t is torch.Size:
+        return ("z", list(x))
+    if isinstance(x, torch.dtype):
+        return ("y", str(x).split(".")[-1])
+    import numpy as np
+    if isinstance(x, np.ndarray) and x.dtype != object:
+        return ("n", torch.from_numpy(np.ascontiguousarray(x).view(np.uint8).reshape(-1).copy()),
+                x.dtype.str, list(x.shape))
+    if isinstance(x, np.generic) and t is not np.object_:
+        return ("g", _tag(np.asarray(x))[1:])
+    raise TypeError(f"mesh_reduce cannot exchange a value of type {t.__name__}: tensors, numpy arrays, "
+                    f"numbers, strings, bytes, None, dtypes and lists, tuples and dicts of them")
+
+
+def _untag(x):
+    kind = x[0]
+    if kind == "t" or kind == "s":
+        return x[1]
+    if kind == "l":
+        return [_untag(v) for v in x[1]]
+    if kind == "u":
+        return tuple(_untag(v) for v in x[1])
+    if kind == "d":
+        return {_untag(k): _untag(v) for k, v in x[1]}
+    if kind == "z":
+        return torch.Size(x[1])
+    if kind == "y":
+        dt = getattr(torch, x[1])
+        if not isinstance(dt, torch.dtype):
+            raise ValueError(f"not a dtype: {x[1]!r}")
+        return dt
+    import numpy as np
+    if kind == "n":
+        return x[1].numpy().view(np.dtype(x[2])).reshape(x[3])
+    if kind == "g":
+        return _untag(("n",) + tuple(x[1]))[()]
+    raise ValueError(f"unknown host value kind {kind!r}")
+
+
+def encode_host(data) -> bytes:
+    """Host data (tensors read to the CPU) as bytes that `decode_host` reads without pickle."""
+    buf = io.BytesIO()
+    torch.save(_tag(data), buf)
+    return buf.getvalue()
+
+
+def decode_host(payload: bytes):
+    """The value `encode_host` wrote; loading runs no code (`weights_only=True`)."""
+    return _untag(torch.load(io.BytesIO(payload), weights_only=True))
 
 
 def broadcast_master_param(model: torch.nn.Module) -> None:

@@ -44,6 +44,9 @@ _VARS = [
     Var("XLA_FLAGS", "str", "", "XLA's own flags, passed to the compiler", cached=False),
     Var("XLA_COLLECTIVE_TIMEOUT_S", "int", 1800,
         "seconds a process waits for its peers (job start, collectives, shutdown)"),
+    Var("XLA_CHECK_INDICES", "bool", True,
+        "`0`: no in-range checks of gather / scatter / index / embedding / loss-target indices on "
+        "the device (an out-of-range index then reads a clamped value instead of raising)"),
     Var("XLA_HEARTBEAT_TIMEOUT_S", "int", 60,
         "seconds without a heartbeat before the coordination service declares a process dead"),
     Var("XLA_TIERED_COMPILE", "bool", False,

@@ -84,6 +84,8 @@ class Node:
         for n, i in operands:
             h = hash((h, n.hash, i))
         self.hash = h
+        if lowering is not None and lowering.checked:
+            CHECK_SOURCES[self] = user_line()
 
     @property
     def is_leaf(self) -> bool:
@@ -167,6 +169,25 @@ DONORS: "weakref.WeakSet" = weakref.WeakSet()
 
 
 # ---- source lines (XLA_HLO_DEBUG) -------------------------------------------------------
+
+# Nodes of ops whose programs check their indices on the device -> the user's line that
+# created them (for the error raised after the program ran).
+CHECK_SOURCES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_OWN_DIRS = []
+
+
+def user_line() -> str:
+    """`file:line` of the innermost frame outside torch_xla, torch and generated kernels."""
+    if not _OWN_DIRS:
+        import torch
+        _OWN_DIRS.extend([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          os.path.dirname(os.path.abspath(torch.__file__)), "<kernel "])
+    skipped = tuple(_OWN_DIRS)
+    f = sys._getframe(1)
+    while f is not None and f.f_code.co_filename.startswith(skipped):
+        f = f.f_back
+    return "<unknown>" if f is None else f"{f.f_code.co_filename}:{f.f_lineno}"
+
 
 SOURCES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # node -> "file.py:line"
 _PKG_DIRS = []

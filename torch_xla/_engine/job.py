@@ -97,11 +97,33 @@ def check_environment() -> None:
         raise ValueError(f"process rank {rk} is out of range for world size {ws}")
 
 
+_LOOPBACK = ("localhost", "127.0.0.1", "::1", "[::1]")
+
+
+def single_host() -> bool:
+    """Every process of the job runs on this host."""
+    return local_process_count() >= world_size()
+
+
+def service_addresses(addr: str):
+    """(address the processes connect to, address the coordination service binds) for `addr`.
+
+    In a single-host job the service listens on loopback only (nobody else can reach its
+    key-value store); a multi-host job's named host listens on every interface, as the
+    other hosts must reach it.
+    """
+    host, _, port = addr.rpartition(":")
+    if host in _LOOPBACK or host.startswith("127.") or single_host():
+        return f"127.0.0.1:{port}", f"127.0.0.1:{port}"
+    return addr, f"[::]:{port}"
+
+
 def check_port_free(host: str, port: int) -> None:
     """Raises a clear error when the coordinator's port is already taken on this host."""
+    bind = service_addresses(f"{host}:{port}")[1].rpartition(":")[0]
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
-            s.bind(("", port))  # the coordination service listens on all interfaces
+            s.bind(("127.0.0.1" if bind == "127.0.0.1" else "", port))
         except OSError as e:
             if e.errno != errno.EADDRINUSE:
                 return  # not a local address, or no permission: let the runtime report it
@@ -145,7 +167,9 @@ def join(jax) -> None:
     except Exception:  # noqa: BLE001  (other jax versions: their default)
         pass
     timeout = collective_timeout_s()
-    jax.distributed.initialize(coordinator_address=addr, num_processes=world_size(),
+    connect, bind = service_addresses(addr)
+    jax.distributed.initialize(coordinator_address=connect, coordinator_bind_address=bind,
+                               num_processes=world_size(),
                                process_id=global_ordinal(), initialization_timeout=timeout,
                                heartbeat_timeout_seconds=config.get("XLA_HEARTBEAT_TIMEOUT_S"),
                                # a replica that finishes first waits this long for the others at exit

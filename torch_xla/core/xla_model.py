@@ -33,6 +33,35 @@ def get_xla_supported_devices(devkind: Optional[str] = None, max_devices: Option
     return devs[:max_devices] if max_devices else devs
 
 
+def set_replication(device: Union[str, torch.device], devices: Optional[Sequence] = None) -> None:
+    """Declares the devices this process replicates over (`device` among them).
+
+    Replication here is the job's: one process per device, each replica's collectives
+    span every process (`xmp.spawn`, `torch_xla.launch`, torchrun). This checks that
+    `device` is an xla device of this process and that `devices`, when given, are this
+    process's devices of one kind and include it; an empty list means no replication.
+    """
+    device = torch.device(device)
+    if device.type != "xla":
+        raise RuntimeError(f"set_replication: {device} is not an xla device")
+    if device.index is not None and device.index >= torch_xla.device_count():
+        raise RuntimeError(f"set_replication: {device} is not a device of this process "
+                           f"({torch_xla.device_count()} device(s))")
+    names = [str(torch.device(d)) for d in (devices or ())]
+    if not names:
+        return
+    kinds = {n.split(":")[0] for n in names}
+    if kinds != {"xla"}:
+        raise RuntimeError(f"Cannot replicate across different device types: devices={names}")
+    supported = get_xla_supported_devices()
+    if len(names) != len(supported):
+        raise RuntimeError(f"Cannot replicate if number of devices ({len(names)}) is different from "
+                           f"{len(supported)}")
+    here = str(device if device.index is not None else torch.device("xla", 0))
+    if here not in names:
+        raise RuntimeError(f"set_replication: {here} is not among {names}")
+
+
 def xla_device_hw(device: Union[str, torch.device]) -> str:
     """Returns the hardware type of the given device: CPU, CUDA or TPU."""
     device = torch.device(device)
@@ -106,6 +135,7 @@ def wait_device_ops(devices: Sequence = ()) -> None:
     """Waits for all the asynchronous operations on the devices to complete."""
     executor.sync(wait=False)
     runtime.wait_all_buffers()
+    executor.inspect_checks()
 
 
 def add_step_closure(closure: Callable, args: tuple = (), run_async: bool = False) -> None:
@@ -219,6 +249,17 @@ def optimizer_step(optimizer, barrier: bool = False, optimizer_args: dict = {}, 
     if barrier:
         mark_step()
     return loss
+
+
+def collective_broadcast(tensors: List[torch.Tensor], root_ordinal: int = 0, groups=None,
+                         pin_layout: bool = True) -> None:
+    """Overwrites `tensors`, in place, with the values of replica `root_ordinal`'s."""
+    with torch.no_grad():
+        for t in tensors:
+            # Every replica traces the same graph: the root is chosen by a device value,
+            # not by Python control flow.
+            mine = send_cpu_data_to_device(torch.tensor(xr.global_ordinal() == root_ordinal), t.device)
+            t.copy_(all_reduce(REDUCE_SUM, torch.where(mine, t, torch.zeros_like(t)), groups=groups))
 
 
 def rendezvous(tag: str, payload: bytes = b"", replicas: list = []) -> List[bytes]:

@@ -5,17 +5,18 @@
 - `strategies.py`: how a graph becomes a program (`Local`, `Replicated`);
 - `donation.py`: which parameter buffers a program may overwrite;
 - `compile.py`, `persistent.py`: compiling, the in-memory and on-disk caches;
-- `barrier.py`: execute / sync / materialize; `closures.py`: step closures.
+- `barrier.py`: execute / sync / materialize; `closures.py`: step closures;
+- `checks.py`: the device-side index checks, inspected after the programs ran.
 """
 from __future__ import annotations
 
-from .barrier import (execute, lower_text, lowered, materialize, pending_graph_key, sync, wait_all,
-                      walk)
+from .barrier import (execute, inspect_checks, lower_text, lowered, materialize, pending_graph_key, sync,
+                      wait_all, walk)
 from .closures import add as add_step_closure, run as run_step_closures
 from .compile import cache_size, clear_cache
 from .graph import Graph
 from .lower import GraphCompileError, lower_node
 
-__all__ = ["execute", "sync", "materialize", "wait_all", "walk", "lowered", "lower_text",
+__all__ = ["execute", "inspect_checks", "sync", "materialize", "wait_all", "walk", "lowered", "lower_text",
            "add_step_closure", "run_step_closures", "pending_graph_key", "cache_size", "clear_cache", "Graph",
            "GraphCompileError", "lower_node"]

@@ -11,7 +11,7 @@ from typing import List, Optional
 
 from .. import ir, metrics, mode, rng, sharding
 from ..tensor import XlaState, pending
-from . import closures, compile as compiling, manual, strategies
+from . import checks, closures, compile as compiling, manual, strategies
 from .donation import donatable
 from .graph import Graph
 
@@ -75,7 +75,7 @@ def execute(states: List[XlaState], barrier: bool = False, metric: str = "Execut
         outs = exe.compiled(*args)
     if exe.paced:
         pol.after_dispatch(exe.paced, token, outs)
-    outs = strategy.from_outputs(outs, graph)
+    outs = strategy.from_outputs(checks.split(outs, exe.checks), graph)
     del graph
     metrics.inc("ExecuteCount")
     if strategy is strategies.SPMD:
@@ -95,6 +95,8 @@ def execute(states: List[XlaState], barrier: bool = False, metric: str = "Execut
 def sync(wait: bool = False, states: Optional[List[XlaState]] = None) -> None:
     """The barrier: runs all pending IR (or that of `states`) and the step closures."""
     with _lock:
+        if checks._pending:
+            checks.poll(block=False)  # earlier programs' index checks, if they have finished
         if mode.SPMD[0]:
             sharding.constrain_annotated()
         live = pending.take_live() if states is None else states
@@ -112,6 +114,7 @@ def sync(wait: bool = False, states: Optional[List[XlaState]] = None) -> None:
             cb()
         if wait:
             wait_all(live)
+            checks.poll(block=True)
     if states is None:
         closures.run()
 
@@ -123,6 +126,13 @@ def materialize(state: XlaState):
             if type(state.node) is not ir.DeviceData:
                 execute([state])
     return state.node.array
+
+
+def inspect_checks(block: bool = True) -> None:
+    """Raises the index error of a finished program, if any (`checks.py`); `block`: wait
+    for every program not inspected yet."""
+    if checks._pending:
+        checks.poll(block)
 
 
 def wait_all(states=None) -> None:

@@ -14,11 +14,14 @@ _cache: Dict[int, List["Executable"]] = {}
 
 
 class Executable:
-    __slots__ = ("compiled", "donated", "paced", "upgrade", "runs")
+    __slots__ = ("compiled", "donated", "paced", "checks", "upgrade", "runs")
 
-    def __init__(self, compiled, donated: tuple, paced: int, upgrade=None):
+    def __init__(self, compiled, donated: tuple, paced: int, checks: Optional[list] = None, upgrade=None):
         self.compiled = compiled
         self.donated = donated
+        # The host side of the program's index checks (its last output is their error
+        # vector, `checks.py`), or None when it has none.
+        self.checks = checks
         # The bytes its dispatches wait for (the platform's host-memory pacing), or 0.
         self.paced = paced
         # While `compiled` is the quick tier: the optimized compile (a function to queue,
@@ -61,7 +64,7 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple) -> Executable:
             exe = persistent.load(pkey)
             if exe is not None:
                 return Executable(exe, donate, pol.paced_bytes(exe))
-    fn = strategy.wrap(build_fn(graph, pol.patch_convolutions), graph)
+    fn = strategy.wrap(build_fn(graph, pol.patch_convolutions, checks=True), graph)
     if not strategy.donates:
         donate = ()
     pol.before_compile()
@@ -87,10 +90,10 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple) -> Executable:
     pol.after_compile(time.perf_counter() - t0)
     if quick:
         metrics.inc("TieredCompile")
-        return Executable(compiled, donate, pol.paced_bytes(compiled), _optimized(lowered, opts))
+        return Executable(compiled, donate, pol.paced_bytes(compiled), graph.checks, _optimized(lowered, opts))
     if pkey is not None:
         persistent.store(pkey, compiled)
-    return Executable(compiled, donate, pol.paced_bytes(compiled))
+    return Executable(compiled, donate, pol.paced_bytes(compiled), graph.checks)
 
 
 def _optimized(lowered, opts: dict):

@@ -19,6 +19,7 @@ class Graph:
     of the roots plus that binding (two graphs with equal node hashes may share a leaf
     differently: x+x vs x+y) plus the program strategy's name.
     """
+    checks = None  # set by lower.build_fn: the host side of the program's index checks
 
     def __init__(self, roots: Sequence[tuple]):
         self.roots = list(roots)  # (node, output index) values

@@ -29,9 +29,14 @@ def lower_node(node: ir.Node, operand_vals: list) -> tuple:
     return apply(node.lowering, _subst(node.args, operand_vals), out_avals, cdt)
 
 
-def build_fn(graph: Graph, patch_convolutions: bool):
-    """A pure function params -> root values, evaluating the nodes with their lowerings."""
+def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False):
+    """A pure function params -> root values, evaluating the nodes with their lowerings.
+
+    `checks`: when the graph has ops that check their indices (and XLA_CHECK_INDICES is
+    on), the function returns one more value, the error vector of `checks.py`, and
+    `graph.checks` receives the host side of each check when the function is traced."""
     import jax.numpy as jnp
+    from . import checks as checking
     order, slot, index = graph.order, graph.slot, graph.index
     root_pos = [(index[id(n)], i) for n, i in graph.roots]
     try:
@@ -57,9 +62,23 @@ def build_fn(graph: Graph, patch_convolutions: bool):
     sources = ir.SOURCES
     if sources:
         import jax
+    checked = checks and checking.enabled() and any(k == "n" and a.lowering.checked for k, a, _ in plan)
+    graph.checks = [] if checked else None
 
     def fn(*params):
         lowering_ctx.patch_convolutions = patch_convolutions
+        recorded = lowering_ctx.checks = [] if checked else None
+        try:
+            vals = _run(params)
+        finally:
+            lowering_ctx.checks = lowering_ctx.node = None
+        roots = tuple(vals[p][i] for p, i in root_pos)
+        if not checked:
+            return roots
+        graph.checks[:] = checking.infos(recorded)
+        return roots + (checking.error_output(recorded),)
+
+    def _run(params):
         vals = [None] * len(plan)
         for pos, (kind, a, ops) in enumerate(plan):
             if kind == "p":
@@ -69,8 +88,14 @@ def build_fn(graph: Graph, patch_convolutions: bool):
             elif kind == "s":
                 continue
             elif kind == "x":
-                vals[pos] = (a.lower([vals[p][i] for p, i in ops], lower_node),)
+                # per-device code (inside shard_map): its checks cannot leave the region
+                saved, lowering_ctx.checks = lowering_ctx.checks, None
+                try:
+                    vals[pos] = (a.lower([vals[p][i] for p, i in ops], lower_node),)
+                finally:
+                    lowering_ctx.checks = saved
             else:
+                lowering_ctx.node = a
                 try:
                     src = sources.get(a) if sources else None
                     if src is not None:
@@ -82,5 +107,5 @@ def build_fn(graph: Graph, patch_convolutions: bool):
                     raise GraphCompileError(str(e)) from e
                 except Exception as e:
                     raise GraphCompileError(f"lowering {a.op} failed: {type(e).__name__}: {e}") from e
-        return tuple(vals[p][i] for p, i in root_pos)
+        return vals
     return fn

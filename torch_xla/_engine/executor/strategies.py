@@ -63,6 +63,8 @@ class Replicated(Strategy):
         world = mesh.devices.size
         in_shapes = [p.avals[0][0] for p in graph.params]
         out_shapes = [n.avals[i][0] for n, i in graph.roots]
+        if graph.checks is not None:
+            out_shapes.append((3,))  # each replica's own index-check error vector
 
         def body(*gparams):
             local = [g.reshape(()) if len(s) == 0 else g for g, s in zip(gparams, in_shapes)]
@@ -131,6 +133,8 @@ class Spmd(Local):
         outs = []
         for n, _ in graph.roots:
             outs.append(n.args[1] if type(n) is ir.Node and n.op == "xla::sharding_constraint" else rep)
+        if graph.checks is not None:
+            outs.append(rep)
         return {"out_shardings": tuple(outs)}
 
     def retry_options(self, graph: Graph, args, error: Exception):

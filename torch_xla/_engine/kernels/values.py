@@ -16,6 +16,7 @@ def to_cpu(t: torch.Tensor) -> torch.Tensor:
     with metrics.timed("TransferFromDeviceTime"):
         arr = executor.materialize(s)
         host = runtime.fetch(arr)
+    executor.inspect_checks()  # the read waited anyway: index errors of the programs so far
     return runtime.from_numpy(host, s.dtype)
 
 

@@ -2,8 +2,10 @@
 masked_scatter, take/put.
 
 Index values are data: they cannot be checked at trace time. Negative indices wrap as
-in PyTorch (jax's indexing normalises them); out-of-range indices are not an error here
-(gathers clamp, scatters drop the update) where the CPU raises.
+in PyTorch (jax's indexing normalises them). Each op records a device-side range check
+of its indices (`check_range`, with the exception and message the CPU raises); the
+executor raises it after the program ran (`executor/checks.py`). With the checks off
+(`XLA_CHECK_INDICES=0`) out-of-range indices read clamped values and scatters drop them.
 
 Boolean masks make shapes data dependent: `x[mask]` (aten::index with a bool index)
 runs on the CPU fallback, since PyTorch's meta kernel refuses it. `x[mask] = v`
@@ -17,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .table import lowering, out_shape
+from .table import check_range, lowering, out_shape
 
 
 def _dim(d, n):
@@ -36,12 +38,31 @@ def _full_index(indices, ndim):
 
 # ---- index / index_put ---------------------------------------------------------------------
 
-@lowering("aten::index.Tensor", "aten::index.Tensor_hacked_twin", "aten::_unsafe_index.Tensor",
-          "aten::_unsafe_index.Tensor_hacked_twin")
-def index(x, indices):
+_OOB = "index {value} is out of bounds for dimension %d with size %d"
+
+
+def _check_indices(x, indices):
+    d = 0
+    for i in indices:
+        if i is not None and _is_bool(i):
+            d += max(i.ndim, 1)  # a mask covers as many dimensions as it has
+            continue
+        if i is not None and d < x.ndim:
+            check_range(i, x.shape[d], IndexError, _OOB % (d, x.shape[d]))
+        d += 1
+
+
+@lowering("aten::_unsafe_index.Tensor", "aten::_unsafe_index.Tensor_hacked_twin")
+def unsafe_index(x, indices):
     if x.ndim == 0:
         return x
     return x[_full_index(indices, x.ndim)]
+
+
+@lowering("aten::index.Tensor", "aten::index.Tensor_hacked_twin", checked=True)
+def index(x, indices):
+    _check_indices(x, indices)
+    return unsafe_index(x, indices)
 
 
 def _bool_index_put(x, indices, values, accumulate):
@@ -87,9 +108,14 @@ def _index_put_int(x, indices, values, accumulate):
     return ref.add(v) if accumulate else ref.set(v)
 
 
-@lowering("aten::index_put", "aten::index_put.hacked_twin", "aten::_unsafe_index_put",
-          "aten::_unsafe_index_put.hacked_twin")
+@lowering("aten::index_put", "aten::index_put.hacked_twin", checked=True)
 def index_put(x, indices, values, accumulate=False):
+    _check_indices(x, indices)
+    return unsafe_index_put(x, indices, values, accumulate)
+
+
+@lowering("aten::_unsafe_index_put", "aten::_unsafe_index_put.hacked_twin")
+def unsafe_index_put(x, indices, values, accumulate=False):
     if x.ndim == 0:
         v = jnp.reshape(jnp.asarray(values).astype(x.dtype), ())
         if any(_is_bool(a) for a in indices):
@@ -101,9 +127,11 @@ def index_put(x, indices, values, accumulate=False):
     return _index_put_int(x, indices, values, accumulate)
 
 
-@lowering("aten::_index_put_impl")
+@lowering("aten::_index_put_impl", checked=True)
 def index_put_impl(x, indices, values, accumulate=False, unsafe=False):
-    return index_put(x, indices, values, accumulate)
+    if not unsafe:
+        _check_indices(x, indices)
+    return unsafe_index_put(x, indices, values, accumulate)
 
 
 # ---- gather / scatter ----------------------------------------------------------------------
@@ -124,10 +152,17 @@ def _as1d(*arrays):
     return [jnp.reshape(a, (1,)) if a is not None and jnp.ndim(a) == 0 else a for a in arrays]
 
 
-@lowering("aten::gather")
+def _check_along(x, dim, index, exc=RuntimeError, message=_OOB):
+    d = _dim(dim, max(x.ndim, 1))
+    size = x.shape[d] if x.ndim else 1
+    check_range(index, size, exc, message % (d, size) if "%" in message else message, nonneg=True)
+
+
+@lowering("aten::gather", checked=True)
 def gather(x, dim, index, sparse_grad=False):
     if index.size == 0:
         return jnp.zeros(index.shape, x.dtype)
+    _check_along(x, dim, index)
     scalar = x.ndim == 0 or index.ndim == 0
     if scalar:
         x, index = jnp.reshape(x, (-1,)), jnp.reshape(index, (-1,))
@@ -163,6 +198,7 @@ def _src_part(src, index, dt):
 def _scatter(x, dim, index, src, mode):
     if index.size == 0:
         return x
+    _check_along(x, dim, index)
     x1, dim, index, src, scalar = _scatter_prep(x, dim, index, src)
     c = _coords(index.astype(jnp.int64), dim)
     v = _src_part(src, index, x1.dtype)
@@ -182,17 +218,17 @@ def _scatter(x, dim, index, src, mode):
     return jnp.reshape(out, x.shape) if scalar else out
 
 
-@lowering("aten::scatter.src", "aten::scatter.value")
+@lowering("aten::scatter.src", "aten::scatter.value", checked=True)
 def scatter(x, dim, index, src):
     return _scatter(x, dim, index, src, "set")
 
 
-@lowering("aten::scatter.reduce", "aten::scatter.value_reduce")
+@lowering("aten::scatter.reduce", "aten::scatter.value_reduce", checked=True)
 def scatter_reduce_legacy(x, dim, index, src, reduce):
     return _scatter(x, dim, index, src, reduce)
 
 
-@lowering("aten::scatter_add")
+@lowering("aten::scatter_add", checked=True)
 def scatter_add(x, dim, index, src):
     return _scatter(x, dim, index, src, "add")
 
@@ -210,10 +246,11 @@ def _identity(reduce, dt):
     return jnp.asarray(info.min if reduce == "amax" else info.max, dt)
 
 
-@lowering("aten::scatter_reduce.two")
+@lowering("aten::scatter_reduce.two", checked=True)
 def scatter_reduce(x, dim, index, src, reduce, include_self=True):
     if index.size == 0:
         return x
+    _check_along(x, dim, index)
     x1, d, idx, s, scalar = _scatter_prep(x, dim, index, src)
     dt = x1.dtype
     c = _coords(idx.astype(jnp.int64), d)
@@ -249,8 +286,12 @@ def _along(ndim, dim, index):
     return tuple(idx)
 
 
-@lowering("aten::index_select")
+_SELF = "index out of range in self"
+
+
+@lowering("aten::index_select", checked=True)
 def index_select(x, dim, index):
+    _check_along(x, dim, index, IndexError, _SELF)
     if x.ndim == 0:
         return jnp.reshape(x, out_shape())
     dim = _dim(dim, x.ndim)
@@ -270,20 +311,25 @@ def _index_update(x, dim, index, source, op):
     return ref.add(src) if op == "add" else ref.set(src)
 
 
-@lowering("aten::index_add")
+@lowering("aten::index_add", checked=True)
 def index_add(x, dim, index, source, alpha=1):
+    _check_along(x, dim, index, IndexError, _SELF)
     if not (isinstance(alpha, (int, float)) and alpha == 1):
         source = source * jnp.asarray(alpha).astype(source.dtype)
     return _index_update(x, dim, index, source, "add")
 
 
-@lowering("aten::index_copy")
+@lowering("aten::index_copy", checked=True)
 def index_copy(x, dim, index, source):
+    _check_along(x, dim, index, IndexError, "index_copy_(): " + _OOB)
     return _index_update(x, dim, index, source, "set")
 
 
-@lowering("aten::index_fill.int_Scalar", "aten::index_fill.int_Tensor")
+@lowering("aten::index_fill.int_Scalar", "aten::index_fill.int_Tensor", checked=True)
 def index_fill(x, dim, index, value):
+    d = _dim(dim, max(x.ndim, 1))
+    size = x.shape[d] if x.ndim else 1
+    check_range(index, size, IndexError, _OOB % (d, size))
     return _index_update(x, dim, index, jnp.asarray(value).astype(x.dtype), "fill")
 
 
@@ -315,14 +361,19 @@ def masked_scatter_backward(grad, mask, sizes):
 
 # ---- take / put ----------------------------------------------------------------------------
 
-@lowering("aten::take")
+_TAKE = "out of range: tried to access index {value} on a tensor of %d elements."
+
+
+@lowering("aten::take", checked=True)
 def take(x, index):
+    check_range(index, x.size, IndexError, _TAKE % x.size)
     flat = jnp.reshape(x, (-1,))
     return flat[index]
 
 
-@lowering("aten::put")
+@lowering("aten::put", checked=True)
 def put(x, index, source, accumulate=False):
+    check_range(index, x.size, IndexError, _TAKE % x.size)
     flat = jnp.reshape(x, (-1,))
     i = jnp.reshape(index, (-1,))
     s = jnp.reshape(source, (-1,)).astype(x.dtype)
@@ -391,8 +442,9 @@ def bucketize(x, boundaries, out_int32=False, right=False):
 
 # ---- index_reduce / nonzero_static / histc ---------------------------------------------------
 
-@lowering("aten::index_reduce")
+@lowering("aten::index_reduce", checked=True)
 def index_reduce(x, dim, index, source, reduce, include_self=True):
+    _check_along(x, dim, index, IndexError, _SELF)
     """Rows `index[i]` of x along dim combined with slice i of source (as scatter_reduce;
     without include_self the rows that are hit start from the reduction's identity)."""
     scalar = x.ndim == 0
@@ -472,11 +524,14 @@ def _bag_ids(indices, offsets, include_last_offset):
     return ids, nb
 
 
-@lowering("aten::_embedding_bag", "aten::_embedding_bag_forward_only")
+@lowering("aten::_embedding_bag", "aten::_embedding_bag_forward_only", checked=True)
 def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
     """(output, offset2bag, bag_size, max_indices). Indices equal to padding_idx take no
     part (nor in a bag's size); empty bags are 0 in every mode."""
+    check_range(indices, weight.shape[0], RuntimeError,
+                "Index {pos} of input takes value {value} which is not in the valid range [0, %d)"
+                % weight.shape[0], nonneg=True)
     idx = jnp.reshape(indices, (-1,)).astype(jnp.int64)
     ids, nb = _bag_ids(idx, offsets, include_last_offset)
     d = weight.shape[1]

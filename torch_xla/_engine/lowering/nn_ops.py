@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from .table import lowering, out_dtype, out_shape
+from .table import check_range, lowering, out_dtype, out_shape
 from .reductions import log_softmax_of
 from .nn_common import _HI, _fill, _grad_scale, _has_out, _meta_fill, _opmath, _reduce, _tup
 from .pooling import _combine_valid, _gather_windows, _window_index
@@ -250,8 +250,9 @@ def _embedding_meta(w, indices, *rest):
     return torch.ops.aten.embedding.default(w, indices, *rest)
 
 
-@lowering("aten::embedding", meta=_embedding_meta)
+@lowering("aten::embedding", meta=_embedding_meta, checked=True)
 def embedding(w, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    check_range(indices, w.shape[0], IndexError, "index out of range in self", nonneg=True)
     return jnp.take(w, indices, axis=0)
 
 
@@ -297,8 +298,58 @@ def _nll_parts(x, target, weight, ignore_index):
     return cax, t, wt
 
 
-@lowering("aten::nll_loss_forward", "aten::nll_loss2d_forward")
+_SCALAR_TYPE = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
+                torch.bfloat16: "BFloat16", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
+                torch.bool: "Bool", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}
+
+
+def _nll_outputs(x, target, reduction, out_shape):
+    if target.dtype not in (torch.int64, torch.uint8):
+        raise RuntimeError("expected target dtype to be Long or Byte, but got "
+                           f"{_SCALAR_TYPE.get(target.dtype, target.dtype)}")
+    shape = out_shape if reduction == 0 else ()
+    return x.new_empty(shape), x.new_empty(())
+
+
+def _nll_meta(x, target, weight, reduction, ignore_index):
+    """The CPU's checks of nll_loss_forward, in its order, with its messages."""
+    if not 0 < x.dim() <= 2:
+        raise RuntimeError("input tensor should be 1D or 2D")
+    if target.dim() > 1:
+        raise RuntimeError("0D or 1D target tensor expected, multi-target not supported")
+    if not (x.dim() == 1 and target.dim() == 0) and x.shape[0] != target.shape[0]:
+        raise RuntimeError(f"size mismatch (got input: {list(x.shape)}, target: {list(target.shape)})")
+    n = x.shape[-1]
+    if weight is not None and not (weight.dim() == 1 and weight.numel() == n):
+        raise RuntimeError(f"weight tensor should be defined either for all {n} classes or no classes "
+                           f"but got weight tensor of shape: {list(weight.shape)}")
+    return _nll_outputs(x, target, reduction, target.shape)
+
+
+def _nll2d_meta(x, target, weight, reduction, ignore_index):
+    """The CPU's checks of nll_loss2d_forward, in its order, with its messages."""
+    if target.dim() != 3:
+        raise RuntimeError("only batches of spatial targets supported (3D tensors) but got targets of "
+                           f"dimension: {target.dim()}")
+    if x.dim() != 4:
+        raise RuntimeError(f"only batches of spatial inputs supported (4D tensors), but got input of dimension: {x.dim()}")
+    if weight is not None and weight.numel() != x.shape[1]:
+        raise RuntimeError("weight tensor should be defined either for all or no classes")
+    if (x.shape[0], x.shape[2], x.shape[3]) != tuple(target.shape):
+        raise RuntimeError(f"input and target batch or spatial sizes don't match: target {list(target.shape)}, "
+                           f"input {list(x.shape)}")
+    return _nll_outputs(x, target, reduction, target.shape)
+
+
+@lowering("aten::nll_loss2d_forward", meta=_nll2d_meta, checked=True)
+def nll_loss2d_forward(x, target, weight, reduction, ignore_index):
+    return nll_loss_forward(x, target, weight, reduction, ignore_index)
+
+
+@lowering("aten::nll_loss_forward", meta=_nll_meta, checked=True)
 def nll_loss_forward(x, target, weight, reduction, ignore_index):
+    check_range(target, x.shape[0 if x.ndim == 1 else 1], IndexError, "Target {value} is out of bounds.",
+                nonneg=True, ignore=ignore_index)
     cax, t, wt = _nll_parts(x, target, weight, ignore_index)
     picked = jnp.take_along_axis(x, jnp.expand_dims(t, cax), axis=cax)
     picked = jnp.squeeze(picked, cax)

@@ -7,10 +7,11 @@ from typing import Callable, Dict, Iterable, Optional, Sequence
 
 
 class Lowering:
-    __slots__ = ("name", "fn", "promote", "static", "meta", "random", "alias")
+    __slots__ = ("name", "fn", "promote", "static", "meta", "random", "alias", "checked")
 
-    def __init__(self, name, fn, promote, static, meta, random, alias=False):
+    def __init__(self, name, fn, promote, static, meta, random, alias=False, checked=False):
         self.alias = alias
+        self.checked = checked
         self.name = name
         self.fn = fn
         self.promote = promote
@@ -23,7 +24,7 @@ LOWERINGS: Dict[str, Lowering] = {}
 
 
 def lowering(*names: str, promote: bool = False, static: Iterable[str] = (), meta: Optional[Callable] = None,
-             random: bool = False, alias: bool = False):
+             random: bool = False, alias: bool = False, checked: bool = False):
     """Registers the decorated function as the lowering of the named aten overloads.
 
     names: "aten::op.overload" (".default" may be omitted).
@@ -36,11 +37,13 @@ def lowering(*names: str, promote: bool = False, static: Iterable[str] = (), met
       the kernel shares the value instead of adding a node (jax arrays are immutable).
     random: the op draws random numbers; the lowering receives a jax PRNG key as an
       extra last argument (derived from the step's seed parameter and the op's number).
+    checked: the lowering records device-side checks of its index values (`check_range`);
+      its nodes remember the user's source line that created them, for the error.
     """
     def deco(fn):
         for n in names:
             key = _normalize(n)
-            LOWERINGS[key] = Lowering(key, fn, promote, static, meta, random, alias)
+            LOWERINGS[key] = Lowering(key, fn, promote, static, meta, random, alias, checked)
         return fn
     return deco
 
@@ -62,6 +65,8 @@ class _Ctx(threading.local):
     axis = None  # the replica axis name inside a multi-process program, else None
     world = 1    # number of replicas on that axis
     patch_convolutions = False  # lower convolutions as patch products (conv_cpu)
+    checks = None  # while a program is traced with index checks: where `check_range` records them
+    node = None    # the IR node being lowered (set by the executor when checks are recorded)
 
 
 ctx = _Ctx()
@@ -83,6 +88,23 @@ def rng_key(seed, counter: int):
     from . import prng
     return jax.random.fold_in(jax.random.key(seed.astype("uint32") if hasattr(seed, "astype") else seed,
                                              impl=prng.impl()), counter)
+
+
+def check_range(index, size: int, exc: type, message: str, nonneg: bool = False, ignore=None) -> None:
+    """Records a device-side check that every element of `index` lies in [-size, size)
+    (`nonneg`: [0, size)), elements equal to `ignore` excepted. The program reports the
+    first failing element; the executor raises `exc(message)` with `{value}` and `{pos}`
+    (its flat position) filled in. A no-op unless the executor asked for checks."""
+    checks = ctx.checks
+    if checks is None or index.size == 0:
+        return
+    import jax.numpy as jnp
+    idx = jnp.reshape(index, (-1,))
+    bad = (idx < (0 if nonneg else -size)) | (idx >= size)
+    if ignore is not None:
+        bad = bad & (idx != ignore)
+    pos = jnp.argmax(bad)
+    checks.append((jnp.any(bad), idx[pos], pos, (exc, message, ctx.node)))
 
 
 class LoweringError(RuntimeError):

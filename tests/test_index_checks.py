@@ -1,0 +1,238 @@
+"""Out-of-range indices are never a silent wrong answer: the program checks them on the
+device and the host read (or `wait_device_ops`, or the next barrier) raises the
+exception the CPU raises, same type and message, with a note naming the op and the
+line that created it."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_xla
+import torch_xla.core.xla_model as xm
+from torch_xla._engine import config, executor, launcher, runtime
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from mp_scripts import safety_workers  # noqa: E402
+
+
+def _cases(dev):
+    t = lambda v: torch.tensor(v, device=dev)  # noqa: E731
+    g = torch.Generator().manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=g).to(dev)  # noqa: E731
+    x = torch.arange(4.0, device=dev)
+    x2 = torch.zeros(3, 4, device=dev)
+    one = torch.ones(1, device=dev)
+
+    def setitem():
+        y = x.clone()
+        y[t([7])] = 1.0
+        return y
+
+    return {
+        "index": lambda: x[t([7])],
+        "index_negative": lambda: x[t([-5])],
+        "index_2d": lambda: x2[t([0]), t([9])],
+        "index_put": lambda: x.clone().index_put_((t([7]),), t([1.0])),
+        "index_put_accumulate": lambda: x.clone().index_put_((t([-9]),), t([1.0]), accumulate=True),
+        "setitem": setitem,
+        "gather": lambda: torch.gather(x2, 1, t([[9]])),
+        "gather_negative": lambda: torch.gather(x2, 1, t([[-1]])),
+        "scatter": lambda: x2.clone().scatter_(1, t([[9]]), 1.0),
+        "scatter_add": lambda: x2.clone().scatter_add_(0, t([[9]]), torch.ones(1, 1, device=dev)),
+        "scatter_reduce": lambda: x2.clone().scatter_reduce_(0, t([[9]]), torch.ones(1, 1, device=dev), "amax"),
+        "index_select": lambda: x.index_select(0, t([7])),
+        "index_select_negative": lambda: x.index_select(0, t([-1])),
+        "index_add": lambda: x.clone().index_add_(0, t([7]), one),
+        "index_copy": lambda: x.clone().index_copy_(0, t([7]), one),
+        "index_fill": lambda: x.clone().index_fill_(0, t([-5]), 1.0),
+        "take": lambda: torch.take(x, t([7])),
+        "put": lambda: x.clone().put_(t([-5]), one),
+        "embedding": lambda: F.embedding(t([[1, 7]]), x2),
+        "embedding_negative": lambda: F.embedding(t([-1]), x2),
+        "embedding_bag": lambda: F.embedding_bag(t([0, 2, 9]), x2, t([0])),
+        "nll_loss": lambda: F.nll_loss(r(2, 4), t([1, 7])),
+        "nll_loss_negative": lambda: F.nll_loss(r(2, 4), t([1, -3])),
+        "nll_loss_2d": lambda: F.nll_loss(r(2, 4, 3, 3), torch.full((2, 3, 3), 7, device=dev)),
+        "cross_entropy": lambda: F.cross_entropy(r(2, 4), t([1, 7])),
+        "cross_entropy_smoothing": lambda: F.cross_entropy(r(2, 4), t([1, 7]), label_smoothing=0.1),
+        "cross_entropy_module": lambda: torch.nn.CrossEntropyLoss()(r(2, 4), t([1, 7])),
+        "nll_loss_module": lambda: torch.nn.NLLLoss(weight=torch.ones(4, device=dev))(r(2, 4), t([7, 1])),
+    }
+
+
+CASES = sorted(_cases("cpu"))
+
+
+def _cpu_error(name):
+    with pytest.raises(Exception) as ei:
+        _cases("cpu")[name]()
+    return ei.value
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_out_of_range_raises_cpu_error_at_host_read(name):
+    cerr = _cpu_error(name)
+    out = _cases("xla")[name]()   # no error at trace time: the index is data
+    line = f"{__file__}:"
+    with pytest.raises(Exception) as ei:
+        out.cpu()
+    assert type(ei.value) is type(cerr)
+    assert str(ei.value) == str(cerr)
+    note = "".join(getattr(ei.value, "__notes__", []))
+    assert "raised by aten::" in note and line in note, note
+
+
+def test_message_names_the_creating_line():
+    x = torch.arange(4, device="xla")
+    i = torch.tensor([7], device="xla")
+    y = x[i]; here = sys._getframe().f_lineno  # noqa: E702
+    with pytest.raises(IndexError, match="index 7 is out of bounds for dimension 0 with size 4") as ei:
+        y.cpu()
+    assert f"raised by aten::index.Tensor (created at {__file__}:{here})" in ei.value.__notes__[0]
+
+
+def test_valid_indices_match_cpu():
+    def run(dev):
+        x = torch.arange(12.0, device=dev).reshape(3, 4)
+        i = torch.tensor([-1, 0, 2], device=dev)
+        tgt = torch.tensor([3, -100, 0], device=dev)
+        return [x[i], x[:, i], x.index_select(1, i + 1), torch.gather(x, 1, (i + 1).reshape(3, 1)),
+                torch.take(x, i), F.embedding(i + 1, x.T.contiguous()), F.cross_entropy(x, tgt),
+                x.clone().index_put_((i,), torch.tensor(5.0, device=dev), accumulate=True)]
+    for a, b in zip(run("cpu"), run("xla")):
+        torch.testing.assert_close(b.cpu(), a)
+
+
+def test_error_surfaces_at_wait_device_ops_and_next_barrier():
+    x = torch.arange(4.0, device="xla")
+    y = x[torch.tensor([7], device="xla")] + 1  # noqa: F841  (never read)
+    xm.mark_step()
+    with pytest.raises(IndexError, match="index 7 is out of bounds"):
+        xm.wait_device_ops()
+    y = x[torch.tensor([9], device="xla")] * 2  # noqa: F841
+    xm.mark_step()
+    runtime.wait_all_buffers()  # the program has finished: the next barrier sees its result
+    z = x + 1
+    with pytest.raises(IndexError, match="index 9 is out of bounds"):
+        xm.mark_step()
+    # the barrier that raised ran nothing: its pending values are computed by the next one
+    xm.mark_step()
+    torch.testing.assert_close(z.cpu(), torch.arange(4.0) + 1)
+    xm.wait_device_ops()  # nothing left to report
+
+
+def test_training_step_with_bad_target_raises_and_good_one_matches():
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(10, 8)
+    head = torch.nn.Linear(8, 5)
+    ref = [p.detach().clone() for p in (*emb.parameters(), *head.parameters())]
+
+    def step(dev, tokens, target):
+        e, h = torch.nn.Embedding(10, 8).to(dev), torch.nn.Linear(8, 5).to(dev)
+        with torch.no_grad():
+            for p, v in zip((*e.parameters(), *h.parameters()), ref):
+                p.copy_(v)
+        loss = F.cross_entropy(h(e(tokens.to(dev))), target.to(dev))
+        loss.backward()
+        return loss, e.weight.grad
+
+    tokens, good, bad = torch.tensor([1, 4, 9]), torch.tensor([0, 4, 2]), torch.tensor([0, 5, 2])
+    want = step("cpu", tokens, good)
+    got = step("xla", tokens, good)
+    xm.mark_step()
+    for a, b in zip(want, got):
+        torch.testing.assert_close(b.cpu(), a)
+    cerr = pytest.raises(IndexError, step, "cpu", tokens, bad).value
+    loss, _ = step("xla", tokens, bad)
+    xm.mark_step()
+    with pytest.raises(IndexError) as ei:
+        loss.item()
+    assert str(ei.value) == str(cerr) == "Target 5 is out of bounds."
+
+
+@pytest.mark.parametrize("target", [(2, 3), (2,), (2, 4, 1)])
+def test_float_targets_of_another_shape_raise_at_the_op(target):
+    """A float target that is not class probabilities is refused at the op, as on the CPU."""
+    def run(dev):
+        return F.cross_entropy(torch.randn(2, 4, device=dev), torch.randn(*target, device=dev))
+    cerr = _cpu_error_of(run, "cpu")
+    with pytest.raises(type(cerr)) as ei:
+        run("xla")
+    assert str(ei.value) == str(cerr)
+
+
+def _cpu_error_of(fn, *args):
+    with pytest.raises(Exception) as ei:
+        fn(*args)
+    return ei.value
+
+
+@pytest.mark.parametrize("case", ["nll_int32", "nll2d_float", "nll2d_target_dim", "nll_weight"])
+def test_nll_loss_argument_errors_match_cpu(case):
+    def run(dev):
+        r = lambda *s: torch.randn(*s, device=dev)  # noqa: E731
+        long = lambda *s: torch.zeros(*s, dtype=torch.long, device=dev)  # noqa: E731
+        if case == "nll_int32":
+            return F.nll_loss(r(2, 4), torch.tensor([1, 2], dtype=torch.int32, device=dev))
+        if case == "nll2d_float":
+            return F.cross_entropy(r(2, 4, 3, 3), r(2, 3, 3))
+        if case == "nll2d_target_dim":
+            return F.cross_entropy(r(2, 4, 3, 3), r(2, 4, 3, 2))
+        return F.nll_loss(r(2, 4), long(2), weight=torch.ones(3, device=dev))
+    cerr = _cpu_error_of(run, "cpu")
+    with pytest.raises(type(cerr)) as ei:
+        run("xla")
+    assert str(ei.value) == str(cerr)
+
+
+def test_checks_off(monkeypatch):
+    monkeypatch.setenv("XLA_CHECK_INDICES", "0")
+    config.reload()
+    executor.clear_cache()
+    try:
+        x = torch.arange(4.0, device="xla")
+        got = x[torch.tensor([7], device="xla")].cpu()   # the unchecked gather clamps
+        torch.testing.assert_close(got, torch.tensor([3.0]))
+    finally:
+        monkeypatch.delenv("XLA_CHECK_INDICES")
+        config.reload()
+        executor.clear_cache()
+
+
+def test_dynamo_bridge_checks():
+    def fn(x, i):
+        return x[i] * 2
+
+    compiled = torch.compile(fn, backend="openxla")
+    x = torch.arange(4.0, device="xla")
+    torch.testing.assert_close(compiled(x, torch.tensor([1], device="xla")).cpu(), torch.tensor([2.0]))
+    cerr = _cpu_error_of(fn, torch.arange(4.0), torch.tensor([7]))
+    out = compiled(x, torch.tensor([7], device="xla"))
+    with pytest.raises(IndexError) as ei:
+        out.cpu()
+    assert str(ei.value) == str(cerr)
+
+
+def test_multiprocess_collective_graph_checks():
+    res = launcher.spawn(safety_workers.index_error_in_collective_graph, nprocs=2, return_results=True)
+    want = sum(torch.arange(4.0) * (r + 1) for r in range(2))[torch.tensor([1])]  # the CPU's all-reduce
+    assert res[0] == ("ok", want.tolist())
+    kind, msg, note = res[1]
+    assert (kind, msg) == ("IndexError", "index 7 is out of bounds for dimension 0 with size 4")
+    assert "aten::index.Tensor" in note and "safety_workers.py" in note
+
+
+def test_eager_mode_checks():
+    torch_xla.experimental.eager_mode(True)
+    try:
+        x = torch.arange(4.0, device="xla")
+        y = x[torch.tensor([7], device="xla")]
+        with pytest.raises(IndexError, match="index 7 is out of bounds"):
+            y.cpu()
+    finally:
+        torch_xla.experimental.eager_mode(False)
