@@ -40,11 +40,12 @@ def xla_patched_nn_linear_forward(m: nn.Linear, input: torch.Tensor) -> torch.Te
     return XLAPatchedLinear.apply(input, m.weight, m.bias)
 
 
-def apply_xla_patch_to_nn_linear(module: nn.Module) -> nn.Module:
-    """Gives every nn.Linear in `module` the forward of `XLAPatchedLinear` (in place),
-    except those whose forward was replaced already (e.g. by `checkpoint_module`)."""
+def apply_xla_patch_to_nn_linear(module: nn.Module, patched_function=xla_patched_nn_linear_forward) -> nn.Module:
+    """Gives every nn.Linear in `module` the forward `patched_function(linear, input)`
+    (default: `XLAPatchedLinear`'s), in place, except those whose forward was replaced
+    already (e.g. by `checkpoint_module`)."""
     for m in module.modules():
         if type(m) is nn.Linear and "forward" not in m.__dict__:
             m._xla_patched_linear = True
-            m.forward = functools.partial(xla_patched_nn_linear_forward, m)
+            m.forward = functools.partial(patched_function, m)
     return module
