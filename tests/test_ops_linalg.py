@@ -293,3 +293,20 @@ def test_pdist():
     x = rnd(6, 4)
     for p in (0., 1., 2., 3., 0.5, float("inf")):
         check(lambda a: torch.nn.functional.pdist(a, p), x, grad=p != 0, rtol=1e-4, atol=1e-4)
+
+
+def test_mat_mul_precision_setting():
+    import torch_xla.backends as xb
+    from helpers import assert_same, to_xla
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    assert xb.get_mat_mul_precision() == "highest"
+    try:
+        for p in ("default", "high", "highest"):
+            xb.set_mat_mul_precision(p)
+            assert xb.get_mat_mul_precision() == p
+            # The CPU computes float32 products in float32 whatever the setting.
+            assert_same(to_xla(a) @ to_xla(b), a @ b)
+        with pytest.raises(ValueError, match="Invalid precision"):
+            xb.set_mat_mul_precision("medium")
+    finally:
+        xb.set_mat_mul_precision("highest")

@@ -389,3 +389,19 @@ def _xla_dot_general(lhs: torch.Tensor, rhs: torch.Tensor, dim_numbers,
     preferred = None if preferred_element_type is None else runtime.device_dtype(preferred_element_type)
     (out,) = engine_op("xla::dot_general", [lhs, rhs], (dn, preferred), [(tuple(shape), out_dtype)])
     return out
+
+
+def _xla_set_mat_mul_precision(precision: str) -> None:
+    """Precision of matrix products and convolutions in programs compiled from now on."""
+    from ._engine.lowering.table import matmul_precision, set_matmul_precision
+    if precision not in ("default", "high", "highest"):
+        raise ValueError(f"Invalid precision: {precision!r}. Expected one of 'default', 'high', 'highest'.")
+    if precision != matmul_precision():
+        set_matmul_precision(precision)
+        # Graph keys do not include it: programs lowered with the old one must go.
+        executor.clear_cache()
+
+
+def _xla_get_mat_mul_precision() -> str:
+    from ._engine.lowering.table import matmul_precision
+    return matmul_precision()

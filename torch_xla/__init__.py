@@ -36,6 +36,7 @@ def __getattr__(name: str):
     import importlib
     if name in ("save_as_stablehlo", "save_torch_model_as_stablehlo"):
         return getattr(importlib.import_module(".stablehlo", __name__), name)
-    if name in ("experimental", "stablehlo", "core", "runtime", "debug", "distributed", "utils", "_dynamo"):
+    if name in ("experimental", "stablehlo", "core", "runtime", "debug", "distributed", "utils", "_dynamo",
+                "backends"):
         return importlib.import_module("." + name, __name__)
     raise AttributeError(f"module 'torch_xla' has no attribute {name!r}")

@@ -19,6 +19,7 @@ from typing import Optional
 import numpy as np
 
 from .. import config, ir, metrics, runtime
+from ..lowering.table import matmul_precision
 
 _state = {"dir": None, "readonly": False, "env": None}
 
@@ -74,7 +75,7 @@ def _env() -> str:
 
 def key(graph, donate: tuple) -> Optional[str]:
     """A key that is equal across processes for the same program, or None."""
-    out = [_env()]
+    out = [_env(), matmul_precision()]
     index = graph.index
     try:
         for n in graph.order:

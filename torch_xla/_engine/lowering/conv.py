@@ -8,8 +8,8 @@ import torch
 from jax import lax
 
 from . import conv_cpu
-from .table import ctx, lowering
-from .nn_common import _HI, _fill, _has_out, _meta_fill, _tup
+from .table import matmul_precision, ctx, lowering
+from .nn_common import _fill, _has_out, _meta_fill, _tup
 
 
 # ---- convolution -----------------------------------------------------------------------
@@ -24,7 +24,7 @@ def _cpu_formulation(x, transposed, groups) -> bool:
 def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     nsp = x.ndim - 2
     stride, padding, dilation = _tup(stride, nsp), _tup(padding, nsp), _tup(dilation, nsp)
-    prec = _HI
+    prec = matmul_precision()
     if _cpu_formulation(x, transposed, groups):
         return conv_cpu.conv_forward(x, w, stride, padding, dilation)
     if not transposed:

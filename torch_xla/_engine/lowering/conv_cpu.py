@@ -30,7 +30,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-_HI = lax.Precision.HIGHEST
+from .table import matmul_precision
+
 # Patch matrices above this stay with XLA's convolution (memory; Eigen does well on
 # large maps).
 PATCH_BYTES_MAX = 128 << 20
@@ -107,7 +108,7 @@ def conv_im2col(x, w, stride, padding, dilation):
     out = _out_sizes(x.shape, k, stride, padding, dilation)
     xp = jnp.pad(jnp.swapaxes(x, 0, 1), ((0, 0), (0, 0)) + tuple((p, p) for p in padding))
     pt = _patches(xp, k, out, stride, dilation).reshape((c * math.prod(k), n * math.prod(out)))
-    y = jnp.matmul(w.reshape((o, c * math.prod(k))), pt, precision=_HI)
+    y = jnp.matmul(w.reshape((o, c * math.prod(k))), pt, precision=matmul_precision())
     return jnp.swapaxes(y.reshape((o, n) + out), 0, 1)
 
 
@@ -121,7 +122,7 @@ def conv_lax(x, w, stride, padding, dilation, groups=1):
     """XLA's own convolution in PyTorch's layouts."""
     return lax.conv_general_dilated(x, w, stride, [(p, p) for p in padding], rhs_dilation=dilation,
                                     dimension_numbers=dimension_numbers(x.ndim - 2),
-                                    feature_group_count=groups, precision=_HI)
+                                    feature_group_count=groups, precision=matmul_precision())
 
 
 def use_im2col(x_shape, w_shape, stride, padding, dilation, itemsize: int = 4) -> bool:

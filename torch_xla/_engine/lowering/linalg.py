@@ -13,9 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .table import lowering, out_dtype, out_shape
+from .table import matmul_precision, lowering, out_dtype, out_shape
 
-_HI = lax.Precision.HIGHEST
 _HALF = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
 
 
@@ -29,7 +28,7 @@ def _matmul(a, b, wide: bool = False):
     # A half-precision product is a half-precision dot: XLA accumulates it in float32 and
     # rounds once, as PyTorch's CPU kernels do; `wide` keeps the float32 result for a sum
     # that follows (addmm's bias), so that it is rounded once too.
-    return jnp.matmul(a, b, precision=_HI, preferred_element_type=_pet(a, b) if wide else None)
+    return jnp.matmul(a, b, precision=matmul_precision(), preferred_element_type=_pet(a, b) if wide else None)
 
 
 def _is_num(v, k):
@@ -65,12 +64,12 @@ def mm(x, y):
 
 @lowering("aten::dot")
 def dot(x, y):
-    return jnp.dot(x, y, precision=_HI)
+    return jnp.dot(x, y, precision=matmul_precision())
 
 
 @lowering("aten::vdot")
 def vdot(x, y):
-    return jnp.dot(jnp.conj(x), y, precision=_HI)
+    return jnp.dot(jnp.conj(x), y, precision=matmul_precision())
 
 
 @lowering("aten::addmm", "aten::addmv", "aten::baddbmm")
@@ -80,7 +79,7 @@ def addmm(self, m1, m2, beta=1, alpha=1):
 
 @lowering("aten::addbmm")
 def addbmm(self, b1, b2, beta=1, alpha=1):
-    p = jnp.einsum("bij,bjk->ik", b1, b2, precision=_HI, preferred_element_type=_pet(b1, b2))
+    p = jnp.einsum("bij,bjk->ik", b1, b2, precision=matmul_precision(), preferred_element_type=_pet(b1, b2))
     return _scaled_add(self, p, beta, alpha)
 
 

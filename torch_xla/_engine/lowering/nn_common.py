@@ -1,14 +1,10 @@
 """Helpers shared by the neural-network lowering families (nn_ops, conv, pooling)."""
 from __future__ import annotations
 
-
 import jax.numpy as jnp
 import torch
-from jax import lax
 
 from .table import ctx
-
-_HI = lax.Precision.HIGHEST
 
 
 def _has_out(i):

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 from jax import lax
 
-from .table import check_range, lowering, out_dtype, out_shape
+from .table import matmul_precision, check_range, lowering, out_dtype, out_shape
 from .reductions import log_softmax_of
-from .nn_common import _HI, _fill, _grad_scale, _has_out, _meta_fill, _opmath, _reduce, _tup
+from .nn_common import _fill, _grad_scale, _has_out, _meta_fill, _opmath, _reduce, _tup
 from .pooling import _combine_valid, _gather_windows, _window_index
 
 
@@ -559,7 +559,7 @@ def _linear(x, osz, align_corners, scales, cubic=False):
     for i in range(nsp):
         ax = x.ndim - nsp + i
         m = jnp.asarray(_linear_matrix(x.shape[ax], osz[i], align_corners, scales[i], cubic), y.dtype)
-        y = jnp.moveaxis(jnp.tensordot(y, m, axes=([ax], [1]), precision=_HI), -1, ax)
+        y = jnp.moveaxis(jnp.tensordot(y, m, axes=([ax], [1]), precision=matmul_precision()), -1, ax)
     return y
 
 

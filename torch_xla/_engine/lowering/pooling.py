@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .table import lowering, out_shape
-from .nn_common import _HI, _opmath, _tup
+from .table import lowering, matmul_precision, out_shape
+from .nn_common import _opmath, _tup
 
 
 # ---- window gathering (pooling, im2col) -------------------------------------------------
@@ -285,7 +285,7 @@ def _adaptive_avg(x, osz):
     for i in range(nsp):
         ax = x.ndim - nsp + i
         m = jnp.asarray(_adaptive_matrix(x.shape[ax], osz[i]), y.dtype)
-        y = jnp.moveaxis(jnp.tensordot(y, m, axes=([ax], [1]), precision=_HI), -1, ax)
+        y = jnp.moveaxis(jnp.tensordot(y, m, axes=([ax], [1]), precision=matmul_precision()), -1, ax)
     return y
 
 

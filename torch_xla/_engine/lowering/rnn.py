@@ -6,20 +6,20 @@
 """
 from __future__ import annotations
 
-from .table import lowering
+from .table import lowering, matmul_precision
 
 
 def _gru(x, h0, w_ih, w_hh, b_ih, b_hh):
     import jax
     import jax.numpy as jnp
     from jax import lax
-    gi = jnp.einsum("tbi,gi->tbg", x, w_ih, precision=lax.Precision.HIGHEST)
+    gi = jnp.einsum("tbi,gi->tbg", x, w_ih, precision=matmul_precision())
     if b_ih is not None:
         gi = gi + b_ih
     hidden = h0.shape[-1]
 
     def step(h, g):
-        gh = jnp.dot(h, w_hh.T, precision=lax.Precision.HIGHEST)
+        gh = jnp.dot(h, w_hh.T, precision=matmul_precision())
         if b_hh is not None:
             gh = gh + b_hh
         r = jax.nn.sigmoid(g[:, :hidden] + gh[:, :hidden])

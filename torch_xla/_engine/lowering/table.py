@@ -22,6 +22,20 @@ class Lowering:
 
 LOWERINGS: Dict[str, Lowering] = {}
 
+# The precision of matrix products and convolutions (`torch_xla.backends.
+# set_mat_mul_precision`): "default", "high" or "highest"; it decides how graphs are
+# lowered, so changing it empties the compile cache (executor.set_mat_mul_precision).
+_MATMUL_PRECISION = ["highest"]
+
+
+def matmul_precision() -> str:
+    """The precision lowerings pass to jax's dot and convolution ops."""
+    return _MATMUL_PRECISION[0]
+
+
+def set_matmul_precision(precision: str) -> None:
+    _MATMUL_PRECISION[0] = precision
+
 
 def lowering(*names: str, promote: bool = False, static: Iterable[str] = (), meta: Optional[Callable] = None,
              random: bool = False, alias: bool = False, checked: bool = False):
