@@ -11,7 +11,7 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
 from .._engine import config as _config
 
@@ -301,3 +301,19 @@ def timed(fn: Callable, msg: str = "", printfn: Optional[Callable] = eprint):
     result = fn()
     printfn("{}{:.3f}ms".format(msg, 1000.0 * (time.time() - start)))
     return result
+
+
+def get_free_tcp_ports(n: int = 1) -> List[int]:
+    """`n` distinct TCP ports that are free on this host now (the OS picks them; each
+    socket stays bound until all are chosen, so the ports differ)."""
+    import socket
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind(("", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()

@@ -27,8 +27,9 @@ def platform_policy():
     return policy(runtime.platform())
 
 
-def compile_graph(graph: Graph, strategy, args, donate: tuple) -> Executable:
-    """Lowers and compiles `graph` (or loads it from the persistent cache)."""
+def compile_graph(graph: Graph, strategy, args, donate: tuple, metric: str = "CompileTime") -> Executable:
+    """Lowers and compiles `graph` (or loads it from the persistent cache); `metric` times
+    the compilation (`EagerOpCompileTime` for an op run by eager mode)."""
     jax = runtime.jax_module()
     pol = platform_policy()
     pkey = None
@@ -43,7 +44,7 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple) -> Executable:
         donate = ()
     pol.before_compile()
     t0 = time.perf_counter()
-    with metrics.timed("CompileTime"):
+    with metrics.timed(metric):
         opts = pol.compiler_options(graph.op_avals())
 
         def build(jit_options: dict):
@@ -57,6 +58,7 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple) -> Executable:
                 raise
             compiled = build(again)
     metrics.inc("UncachedCompile")
+    metrics.inc("CreateCompileHandles")
     if pkey is not None:
         persistent.store(pkey, compiled)
     pol.after_compile(time.perf_counter() - t0)
