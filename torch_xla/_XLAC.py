@@ -76,7 +76,7 @@ def _get_stablehlo_bytecode(tensors: Optional[List[torch.Tensor]]) -> bytes:
 
 
 def _xla_metrics_report() -> str:
-    return format_report(sorted(metrics.metrics), sorted(metrics.counters))
+    return format_report(sorted(metrics.metrics), sorted(metrics.counter_items()))
 
 
 def _xla_sync_multi(tensors, devices=(), wait=True, sync_xla_data=True):
@@ -405,3 +405,44 @@ def _xla_set_mat_mul_precision(precision: str) -> None:
 def _xla_get_mat_mul_precision() -> str:
     from ._engine.lowering.table import matmul_precision
     return matmul_precision()
+
+
+# ---- the runtime ------------------------------------------------------------------------------
+
+def _xla_runtime_is_initialized() -> bool:
+    """Whether this process's runtime (jax and its PJRT client) has started."""
+    from ._engine import boot
+    return boot.started()
+
+
+def _xla_get_all_devices() -> List[str]:
+    """Every device of the job, by runtime name (`CPU:0`, `CPU:1`, ...)."""
+    from ._engine import job, runtime
+    return [f"{runtime.platform()}:{i}" for i in range(job.world_size() * runtime.device_count())]
+
+
+def _on_ready_callback(tensor: torch.Tensor, callback) -> None:
+    """Calls `callback()` on a helper thread once `tensor`'s device buffer holds its value."""
+    executor.on_ready(state_of(tensor), callback)
+
+
+def _set_allow_execution(allow: bool) -> None:
+    """False: any graph execution raises RuntimeError (for code that must only trace)."""
+    from ._engine.executor import barrier
+    barrier.ALLOW_EXECUTION[0] = bool(allow)
+
+
+def _xla_tensors_report(nodes_threshold: int, device: str) -> str:
+    """The live tensors whose pending graph has at least `nodes_threshold` nodes: per
+    tensor, its shape and dtype and its graph's text (`_get_xla_tensors_text`)."""
+    live = _tensor.pending.take_live()
+    _tensor.pending.restore(live)
+    lines = []
+    for s in live:
+        size = len(executor.Graph([(s.node, s.idx)]).order)
+        if size < nodes_threshold:
+            continue
+        lines.append(f"Tensor: {_dt(s.dtype)}[{','.join(map(str, s.shape))}] on {device}, graph of {size} nodes")
+        order = executor.Graph([(s.node, s.idx)]).order
+        lines.extend("  " + n.op for n in order)
+    return "TensorsGraphInfo:\n" + "\n".join(lines) + ("\n" if lines else "")

@@ -16,7 +16,7 @@ def device(index: Optional[int] = None) -> torch.device:
         index = 0
     n = runtime.device_count()
     if index < 0 or index >= max(n, 1):
-        raise ValueError(f"xla device index {index} out of range: this process has {n} device(s)")
+        raise IndexError(f"xla device index {index} out of range: this process has {n} device(s)")
     return torch.device("xla", index)
 
 

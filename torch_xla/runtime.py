@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Dict, List, Optional
 
 from ._engine import runtime as _rt
@@ -13,8 +14,31 @@ from ._engine.executor import persistent as _persistent
 
 
 def device_type() -> Optional[str]:
-    """The PJRT device type in use: CPU, CUDA or TPU."""
+    """The PJRT device type: `PJRT_DEVICE` as set (its part before any `_`), else the
+    platform the runtime picks; None when `PJRT_DEVICE` is unset and
+    `PJRT_SELECT_DEFAULT_DEVICE=0` asks for no default."""
+    chosen = _config.raw("PJRT_DEVICE")
+    if chosen:
+        return chosen.split("_")[0].upper()
+    if not _config.get("PJRT_SELECT_DEFAULT_DEVICE"):
+        return None
     return _rt.platform()
+
+
+def set_device_type(pjrt_device: str) -> None:
+    """Sets `PJRT_DEVICE` for this process (CPU, CUDA, TPU). Once the runtime has started,
+    only the type already in use is accepted (RuntimeError otherwise)."""
+    # Through the public `_XLAC` entry point (callers patch it), which the package's
+    # __init__ has imported; an import here would close an import cycle.
+    if sys.modules["torch_xla._XLAC"]._xla_runtime_is_initialized() and _config.raw("PJRT_DEVICE") != pjrt_device:
+        raise RuntimeError(f"Can't change the device type to {pjrt_device!r}: the XLA runtime is "
+                           f"already initialized with PJRT_DEVICE={_config.raw('PJRT_DEVICE')!r}")
+    _config.update({"PJRT_DEVICE": pjrt_device})
+
+
+def host_index() -> int:
+    """The index of this host in the job (hosts ordered as their processes' ranks)."""
+    return _pg.global_ordinal() // max(1, _pg.local_process_count())
 
 
 def using_pjrt() -> bool:

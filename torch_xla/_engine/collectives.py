@@ -177,6 +177,8 @@ def _round(tag: str) -> int:
 
 
 def rendezvous(tag: str, payload: bytes = b"", replicas=()) -> List[bytes]:
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+        raise TypeError(f"rendezvous {tag!r}: the payload must be bytes, got {type(payload).__name__}")
     world = job.world_size()
     if world <= 1:
         return [payload]

@@ -26,6 +26,9 @@ class Var:
 
 _VARS = [
     Var("PJRT_DEVICE", "str", "", "`CPU`, `CUDA` or `TPU` (unset: the best available)"),
+    Var("PJRT_SELECT_DEFAULT_DEVICE", "bool", True,
+        "`0`: with `PJRT_DEVICE` unset, `xr.device_type()` is None instead of the best available",
+        cached=False),
     Var("CPU_NUM_DEVICES", "int", 0,
         "CPU devices: in one process, that many virtual devices; for `torch_xla.launch` / "
         "`xmp.spawn`, that many processes", cached=False),

@@ -2,6 +2,10 @@
 
 A counter is a named integer. A metric is a named series of (time, value) samples
 kept in a bounded ring, with the total sample count and the accumulated value.
+
+Counters of per-op events (`xla::<op>`, `CreateXlaTensor`, `DestroyXlaTensor`) are
+cells, one-element lists the hot path increments in place (`cell[0] += 1`), instead of
+entries of `counters`; a counter is active (reported) while its value is not zero.
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ class Metric:
 
 counters: Dict[str, int] = {}
 metrics: Dict[str, Metric] = {}
+_cells: Dict[str, List[int]] = {}
 
 # What kind of value each metric of the engine holds, for the report's formatting.
 _KINDS = {
@@ -46,12 +51,66 @@ _KINDS = {
     "TensorsGraphSize": "number",
     "IrGraphSize": "number",
     "TraceTime": "time",
+    "LazyTracing": "time",
+    "TensorToData": "time",
+    "UnwrapXlaData": "time",
+    "WrapXlaData": "time",
+    "DeviceLockWait": "time",
+    "EagerOpCompileTime": "time",
+    "EagerOpExecuteTime": "time",
+    "InputOutputAliasCount": "number",
 }
+
+
+def cell(name: str) -> List[int]:
+    """The in-place counter `name` (one per name): the hot path does `cell[0] += 1`."""
+    c = _cells.get(name)
+    if c is None:
+        c = _cells.setdefault(name, [counters.pop(name, 0)])
+    return c
 
 
 def inc(name: str, n: int = 1) -> None:
     """Adds `n` to counter `name` (created at zero on first use)."""
-    counters[name] = counters.get(name, 0) + n
+    c = _cells.get(name)
+    if c is not None:
+        c[0] += n
+    else:
+        counters[name] = counters.get(name, 0) + n
+
+
+def counter_items() -> Dict[str, int]:
+    """Every active counter and its value."""
+    out = dict(counters)
+    for name, c in list(_cells.items()):
+        if c[0]:
+            out[name] = c[0]
+    return out
+
+
+def counter(name: str) -> Optional[int]:
+    """The value of an active counter, None when it is not active."""
+    c = _cells.get(name)
+    if c is not None:
+        return c[0] or None
+    return counters.get(name)
+
+
+def snapshot_counters() -> Dict[str, int]:
+    return counter_items()
+
+
+def restore_counters(saved: Dict[str, int]) -> None:
+    """Puts every counter back to its value in `saved` (a `snapshot_counters()`)."""
+    counters.clear()
+    for c in _cells.values():
+        c[0] = 0
+    for name, v in saved.items():
+        c = _cells.get(name)
+        if c is not None:
+            c[0] = v
+        else:
+            counters[name] = v
 
 
 def add_sample(name: str, value: float) -> None:
@@ -79,6 +138,8 @@ class timed:
 
 def clear_counters() -> None:
     counters.clear()
+    for c in _cells.values():
+        c[0] = 0
 
 
 def clear_metrics() -> None:

@@ -13,7 +13,7 @@ def _fmt_time(ns: float) -> str:
             k = int(ns // size)
             ns -= k * size
             parts.append(f"{k:02d}{u}" if u not in ("ms",) else f"{k:03d}{u}")
-    parts.append(f"{ns / 1e3:.3f}us")
+    parts.append(f"{ns / 1e3:07.3f}us" if parts else f"{ns / 1e3:.3f}us")
     return "".join(parts)
 
 
@@ -61,7 +61,8 @@ def format_report(metric_names, counter_names) -> str:
         if samples:
             lines.append(f"  Percentiles: {_percentiles([v for _, v in samples], m.kind)}")
     for name in counter_names:
-        if name in _m.counters:
+        value = _m.counter(name)
+        if value is not None:
             lines.append(f"Counter: {name}")
-            lines.append(f"  Value: {_m.counters[name]}")
+            lines.append(f"  Value: {value}")
     return "\n".join(lines) + ("\n" if lines else "")

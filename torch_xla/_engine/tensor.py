@@ -13,7 +13,7 @@ import weakref
 
 import torch
 
-from . import ir
+from . import ir, metrics
 
 _create_empty = torch._C._acc.create_empty_tensor
 is_functional = torch._is_functional_tensor
@@ -43,6 +43,19 @@ class XlaState:
         self.node = node
         self.idx = 0
         data_states.add(self)
+
+
+_CREATED = metrics.cell("CreateXlaTensor")
+_DESTROYED = metrics.cell("DestroyXlaTensor")
+
+
+class TensorState(XlaState):
+    """The state of a tensor holding a new value (an op's output, transferred data):
+    counted by `CreateXlaTensor` when made and `DestroyXlaTensor` when freed."""
+    __slots__ = ()
+
+    def __del__(self):
+        _DESTROYED[0] += 1
 
 
 class _Pending:
@@ -84,13 +97,23 @@ data_states: "weakref.WeakSet[XlaState]" = weakref.WeakSet()
 
 def make_tensor(node: ir.Node, idx: int, shape, dtype: torch.dtype) -> torch.Tensor:
     """A new inner (non-functional) XLA tensor holding IR value (node, idx)."""
+    _CREATED[0] += 1
     t = _create_empty(shape, dtype)
-    s = XlaState(node, idx, tuple(shape), dtype)
+    s = TensorState(node, idx, tuple(shape), dtype)
     t._xla = s
     if type(node) is not ir.DeviceData:
         pending.refs.append(weakref.ref(s))
     else:
         data_states.add(s)
+    return t
+
+
+def make_alias(s: XlaState) -> torch.Tensor:
+    """A new inner XLA tensor holding the same value as state `s` (an alias: not counted
+    as a new tensor)."""
+    t = _create_empty(s.shape, s.dtype)
+    t._xla = XlaState(s.node, s.idx, s.shape, s.dtype)
+    point_at(t._xla, s)
     return t
 
 

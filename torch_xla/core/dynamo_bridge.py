@@ -78,12 +78,11 @@ class UnsupportedNodesCollector(torch.fx.Interpreter):
         self._unsupported: List[torch.fx.Node] = []
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
-        saved = dict(metrics.counters)
+        saved = metrics.snapshot_counters()
         try:
             return super().run(*args, **kwargs)
         finally:
-            metrics.counters.clear()
-            metrics.counters.update(saved)
+            metrics.restore_counters(saved)
 
     def run_node(self, n: torch.fx.Node) -> Any:
         before = _fallbacks()

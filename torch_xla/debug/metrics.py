@@ -1,4 +1,10 @@
-"""`torch_xla.debug.metrics`: counters and metrics of the runtime, and their report."""
+"""`torch_xla.debug.metrics`: counters and metrics of the runtime, and their report.
+
+A counter counts events (`MarkStep`, `UncachedCompile`, `xla::<op>` for each traced op,
+`aten::<op>` for each op run by the CPU fallback); a metric holds samples (times in
+nanoseconds, sizes in bytes, numbers). Only active ones (counters not zero, metrics with
+a sample since the last clear) are reported.
+"""
 from __future__ import annotations
 
 from typing import List, Optional, Tuple
@@ -6,15 +12,19 @@ from typing import List, Optional, Tuple
 from .._engine import metrics as _m
 from .._engine.metrics_report import format_report
 
+_SHORT_COUNTERS = ["CachedCompile", "UncachedCompile", "MarkStep", "DynamoSyncInputExecuteTime"]
+_SHORT_METRICS = ["CompileTime", "ExecuteTime", "ExecuteReplicatedTime", "TransferToDeviceTime",
+                  "TransferFromDeviceTime"]
+
 
 def counter_names() -> List[str]:
     """All the currently active counter names."""
-    return sorted(_m.counters)
+    return sorted(_m.counter_items())
 
 
 def counter_value(name: str) -> Optional[int]:
-    """The value of an active counter (None if it does not exist)."""
-    return _m.counters.get(name)
+    """The value of an active counter (None if it is not active)."""
+    return _m.counter(name)
 
 
 def metric_names() -> List[str]:
@@ -32,21 +42,23 @@ def metrics_report() -> str:
     return format_report(metric_names(), counter_names())
 
 
-def short_metrics_report(counter_names: Optional[list] = None, metric_names: Optional[list] = None) -> str:
-    """A report of a few key metrics and counters (or of the ones named)."""
-    if metric_names is None:
-        metric_names = ["CompileTime", "ExecuteTime", "TransferToDeviceTime", "TransferFromDeviceTime"]
-    if counter_names is None:
-        counter_names = ["CachedCompile", "UncachedCompile"] + [c for c in sorted(_m.counters) if c.startswith("aten::")]
-    return format_report([m for m in metric_names if m in _m.metrics],
-                         [c for c in counter_names if c in _m.counters])
+def short_metrics_report(counter_names: Optional[List[str]] = None,
+                         metric_names: Optional[List[str]] = None) -> str:
+    """A report of a few key metrics and counters (those named, or by default the compile,
+    execute and transfer times, the compile cache's hits and misses and `MarkStep`), always followed by the
+    CPU fallback counters (`aten::...`)."""
+    counters = list(counter_names or _SHORT_COUNTERS)
+    counters += [c for c in executed_fallback_ops() if c not in counters]
+    return format_report([m for m in (metric_names or _SHORT_METRICS) if m in _m.metrics], counters)
 
 
 def clear_counters() -> None:
+    """Resets every counter (they become inactive)."""
     _m.clear_counters()
 
 
 def clear_metrics() -> None:
+    """Drops every metric's samples (they become inactive)."""
     _m.clear_metrics()
 
 
@@ -57,5 +69,7 @@ def clear_all() -> None:
 
 
 def executed_fallback_ops() -> List[str]:
-    """The aten ops that ran on the CPU fallback."""
-    return [c for c in sorted(_m.counters) if c.startswith("aten::")]
+    """The ops that ran on the CPU fallback since the counters were last cleared
+    (`aten::nonzero`, `torchvision::nms`, ...)."""
+    return sorted(c for c in _m.counter_items()
+                  if "::" in c and c.split("::")[0] not in ("xla", "decomposed"))

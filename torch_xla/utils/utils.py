@@ -12,7 +12,7 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
 from .._engine import config as _config
 
@@ -346,3 +346,19 @@ class TimedScope:
 
     def set_error(self, error) -> None:
         self._error = error
+
+
+def get_free_tcp_ports(n: int = 1) -> List[int]:
+    """`n` distinct TCP ports that are free on this host now (the OS picks them; each
+    socket stays bound until all are chosen, so the ports differ)."""
+    import socket
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind(("", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()

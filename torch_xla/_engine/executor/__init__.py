@@ -10,7 +10,7 @@
 """
 from __future__ import annotations
 
-from .barrier import (execute, inspect_checks, lower_text, lowered, materialize, pending_graph_key, sync,
+from .barrier import (execute, inspect_checks, lower_text, lowered, materialize, on_ready, pending_graph_key, sync,
                       wait_all, walk)
 from .closures import add as add_step_closure, run as run_step_closures
 from .compile import cache_size, clear_cache
@@ -18,5 +18,5 @@ from .graph import Graph
 from .lower import GraphCompileError, lower_node
 
 __all__ = ["execute", "inspect_checks", "sync", "materialize", "wait_all", "walk", "lowered", "lower_text",
-           "add_step_closure", "run_step_closures", "pending_graph_key", "cache_size", "clear_cache", "Graph",
+           "on_ready", "add_step_closure", "run_step_closures", "pending_graph_key", "cache_size", "clear_cache", "Graph",
            "GraphCompileError", "lower_node"]

@@ -7,6 +7,7 @@ hit replays the executable on the new buffers. Only host reads wait for results.
 from __future__ import annotations
 
 import threading
+import time
 from typing import List, Optional
 
 from .. import ir, metrics, mode, rng, sharding
@@ -16,7 +17,13 @@ from .donation import donatable
 from .graph import Graph
 
 _lock = threading.RLock()
+_now = time.perf_counter_ns
+# `_XLAC._set_allow_execution(False)`: any execution is an error (a compiled function
+# that must not run programs of its own).
+ALLOW_EXECUTION = [True]
 _listeners = {"after_sync": []}
+# (state, fn): on_ready callbacks whose value was still pending when they were registered.
+_waiting: list = []
 
 
 def walk(roots) -> Graph:
@@ -37,6 +44,9 @@ def execute(states: List[XlaState], barrier: bool = False, metric: str = "Execut
     states = [s for s in states if type(s.node) is not ir.DeviceData]
     if not states:
         return
+    if not ALLOW_EXECUTION[0]:
+        raise RuntimeError("Unexpected execution happens inside the compiled function, exiting "
+                           "(graph execution is disallowed: torch_xla._XLAC._set_allow_execution(False))")
     # Several states may share one value (aliases): compute each value once.
     roots = []
     root_of = {}
@@ -54,14 +64,16 @@ def execute(states: List[XlaState], barrier: bool = False, metric: str = "Execut
             pending.restore([s for s in states if (id(s.node), s.idx) in stuck])
             return execute([s for s in states if (id(s.node), s.idx) not in stuck], barrier=True,
                            metric=metric)
+    t0 = _now()
     args = graph.param_values()
     donate = donatable(graph) if barrier and strategy.donates else ()
-    if donate:
-        metrics.add_sample("InputOutputAliasCount", len(donate))
+    metrics.add_sample("InputOutputAliasCount", len(donate))
     args = strategy.to_args(args, graph)
+    metrics.add_sample("UnwrapXlaData", _now() - t0)
     exe = compiling.lookup(graph.key, donate)
     if exe is None:
-        exe = compiling.compile_graph(graph, strategy, args, donate)
+        exe = compiling.compile_graph(graph, strategy, args, donate,
+                                      "EagerOpCompileTime" if metric == "EagerOpExecuteTime" else "CompileTime")
         compiling.remember(graph.key, exe)
     else:
         metrics.inc("CachedCompile")
@@ -81,6 +93,8 @@ def execute(states: List[XlaState], barrier: bool = False, metric: str = "Execut
     if strategy is strategies.SPMD:
         metrics.inc("ExecuteReplicated")
     del args
+    t0 = _now()
+    metrics.inc("CreateDataHandles", len(outs))
     by_array = {}
     for s in states:
         r = root_of[(id(s.node), s.idx)]
@@ -90,13 +104,49 @@ def execute(states: List[XlaState], barrier: bool = False, metric: str = "Execut
             node = by_array[r] = ir.DeviceData(outs[r], (s.shape, s.dtype))
             node.computed = True
         s.set_data(node)
+    metrics.add_sample("WrapXlaData", _now() - t0)
+    if _waiting:
+        _notify_ready()
+
+
+def on_ready(state: XlaState, fn) -> None:
+    """Calls `fn()` on a helper thread once `state`'s device buffer holds its value (a
+    pending value waits for the execution that computes it)."""
+    with _lock:
+        if type(state.node) is ir.DeviceData:
+            _when_ready(state.node.array, fn)
+        else:
+            _waiting.append((state, fn))
+
+
+def _when_ready(array, fn) -> None:
+    def wait_then_call():
+        try:
+            array.block_until_ready()
+        finally:
+            fn()
+    threading.Thread(target=wait_then_call, name="xla-on-ready", daemon=True).start()
+
+
+def _notify_ready() -> None:
+    still = []
+    for state, fn in _waiting:
+        if type(state.node) is ir.DeviceData:
+            _when_ready(state.node.array, fn)
+        else:
+            still.append((state, fn))
+    _waiting[:] = still
 
 
 def sync(wait: bool = False, states: Optional[List[XlaState]] = None) -> None:
     """The barrier: runs all pending IR (or that of `states`) and the step closures."""
+    t0 = _now()
     with _lock:
+        metrics.add_sample("DeviceLockWait", _now() - t0)
         if checks._pending:
             checks.poll(block=False)  # earlier programs' index checks, if they have finished
+        if states is None:
+            metrics.inc("MarkStep")
         if mode.SPMD[0]:
             sharding.constrain_annotated()
         live = pending.take_live() if states is None else states

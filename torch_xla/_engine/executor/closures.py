@@ -1,4 +1,7 @@
-"""Step closures (`xm.add_step_closure`): run after the barrier, in order, some on a thread."""
+"""Step closures (`xm.add_step_closure`): run after the barrier, in order, some on a thread.
+
+An asynchronous closure that raises makes the next barrier raise (RuntimeError, with the
+closure's exception as its cause) before it runs its own closures, which are dropped."""
 from __future__ import annotations
 
 import queue
@@ -7,7 +10,7 @@ import traceback
 from typing import Callable, List
 
 _step_closures: List = []
-_async_pool = {"thread": None, "queue": None}
+_async_pool = {"thread": None, "queue": None, "error": None}
 
 
 def add(closure: Callable, args=(), run_async: bool = False) -> None:
@@ -21,14 +24,24 @@ def _async_worker(q):
             return
         fn, args = item
         try:
-            fn(*args)
-        except Exception:
+            if _async_pool["error"] is None:
+                fn(*args)
+        except Exception as e:
             traceback.print_exc()
+            _async_pool["error"] = e
+        finally:
+            q.task_done()
 
 
 def run() -> None:
     global _step_closures
     closures, _step_closures = _step_closures, []
+    if _async_pool["queue"] is not None and threading.current_thread() is not _async_pool["thread"]:
+        # The previous barrier's asynchronous closures have had this step to run.
+        _async_pool["queue"].join()
+        error, _async_pool["error"] = _async_pool["error"], None
+        if error is not None:
+            raise RuntimeError(f"an asynchronous step closure failed: {error!r}") from error
     for fn, args, run_async in closures:
         if run_async:
             if _async_pool["thread"] is None:

@@ -53,8 +53,9 @@ def platform_policy():
     return policy(runtime.platform())
 
 
-def compile_graph(graph: Graph, strategy, args, donate: tuple) -> Executable:
-    """Lowers and compiles `graph` (or loads it from the persistent cache)."""
+def compile_graph(graph: Graph, strategy, args, donate: tuple, metric: str = "CompileTime") -> Executable:
+    """Lowers and compiles `graph` (or loads it from the persistent cache); `metric` times
+    the compilation (`EagerOpCompileTime` for an op run by eager mode)."""
     jax = runtime.jax_module()
     pol = platform_policy()
     pkey = None
@@ -72,7 +73,7 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple) -> Executable:
     # With a persistent cache the optimized program is the one to store: compile it now.
     quick = (pol.quick_compiler_options(len(graph.order))
              if config.get("XLA_TIERED_COMPILE") and pkey is None else None)
-    with metrics.timed("CompileTime"):
+    with metrics.timed(metric):
         opts = pol.compiler_options(graph.op_avals())
         first = {**opts, **quick} if quick else opts
 
@@ -87,6 +88,7 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple) -> Executable:
                 raise
             lowered, compiled = build(again)
     metrics.inc("UncachedCompile")
+    metrics.inc("CreateCompileHandles")
     pol.after_compile(time.perf_counter() - t0)
     if quick:
         metrics.inc("TieredCompile")

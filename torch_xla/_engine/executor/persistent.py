@@ -100,6 +100,7 @@ def load(k: str):
     """The stored executable for key `k`, loaded on this process's device, or None."""
     p = _path(k)
     if not os.path.exists(p):
+        metrics.inc("PersistentCacheMiss")
         return None
     try:
         from jax.experimental.serialize_executable import deserialize_and_load
@@ -107,8 +108,10 @@ def load(k: str):
             payload, in_tree, out_tree = pickle.load(f)
         exe = deserialize_and_load(payload, in_tree, out_tree)
     except Exception:
+        metrics.inc("PersistentCacheMiss")
         return None
     metrics.inc("PersistentExecutableHit")
+    metrics.inc("PersistentCacheHit")
     return exe
 
 

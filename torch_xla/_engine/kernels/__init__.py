@@ -18,11 +18,13 @@
 """
 from __future__ import annotations
 
+import functools
+import time
 from typing import List, Sequence, Tuple
 
 import torch
 
-from .. import config, ir, patches
+from .. import config, ir, metrics, patches
 from ..lowering import LOWERINGS, load_all
 from ..tensor import make_tensor, state_of, wrap_user
 from . import amp, autocast, compiled_ops, decompositions, functionalize, handwritten as hw, library, meta, mutating, values
@@ -55,6 +57,20 @@ HANDWRITTEN = {
 _registered = [False]
 
 
+def _timed(fn):
+    """`fn`, timed as `LazyTracing` (hand-written kernels: transfers, copies, factories)."""
+    now = time.perf_counter_ns
+
+    @functools.wraps(fn)
+    def kernel(*args, **kwargs):
+        t0 = now()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            metrics.add_sample("LazyTracing", now() - t0)
+    return kernel
+
+
 def register() -> None:
     """Installs every kernel of the xla device (idempotent)."""
     if _registered[0]:
@@ -80,7 +96,7 @@ def register() -> None:
     for short, fn in decompositions.kernels(LOWERINGS).items():
         library.impl(short, fn, "PrivateUse1")
     for name, fn in HANDWRITTEN.items():
-        library.impl(name, fn, "PrivateUse1")
+        library.impl(name, _timed(fn), "PrivateUse1")
     for name, fn in hw.foreach_scalarlist_kernels().items():
         library.impl(name, fn, "PrivateUse1")
     for name, fn in amp.KERNELS.items():

@@ -43,10 +43,10 @@ def check_devices(name, args, kwargs):
 
 def cpu_fallback(op, args, kwargs):
     """Runs `op` in eager PyTorch on the CPU and moves the results back to the device."""
-    name = op._schema.name.split("::")[-1]
+    namespace, _, name = op._schema.name.rpartition("::")
     if name not in _CPU_OPERANDS_OK:
         check_devices(name, args, kwargs)
-    metrics.inc("aten::" + name)
+    metrics.inc(f"{namespace or 'aten'}::{name}")
     xla_args = []
 
     def conv(a):

@@ -8,20 +8,22 @@ exception; an entry the meta kernel cannot compute sends the op to the CPU fallb
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Dict
 
 import torch
 
-from .. import executor, ir, rng
+from .. import executor, ir, metrics, rng
 from ..lowering import Lowering
 from ..mode import EAGER
-from ..tensor import XlaState, is_functional, make_tensor, state_of, wrap_user
+from ..tensor import XlaState, is_functional, make_alias, make_tensor, state_of, wrap_user
 from . import fallback, shapes, values
 from .shapes import ShapeEntry
 from .plan import (OPT_SCALAR, OPT_TENSOR, OPT_TENSOR_LIST, SCALAR, STATIC, TENSOR, ArgPlan,
                    special_scalars)
 
 REFS = ir.REFS
+_now = time.perf_counter_ns
 # Read once: the hot path tests it on every Scalar (see plan.special_scalars).
 NO_SPECIAL_SCALARS = not special_scalars()
 KERNELS: Dict[str, "OpKernel"] = {}
@@ -81,9 +83,20 @@ class OpKernel:
         self.is_factory = plan.is_factory
         self.cache: Dict[Any, ShapeEntry] = {}
         self.fast = None  # the specialised kernel, once generated (specialise.py)
+        # `xla::<op>`: IR nodes this op made (shared by its overloads).
+        self.op_count = metrics.cell("xla::" + op._schema.name.rpartition("::")[2])
 
-    # -- the hot path (generic) ----------------------------------------------------
     def __call__(self, *args, **kwargs):
+        """The generic kernel, timed as `LazyTracing` (the specialised fast path is not
+        timed: it is counted by `xla::<op>` only)."""
+        t0 = _now()
+        try:
+            return self.trace(*args, **kwargs)
+        finally:
+            metrics.add_sample("LazyTracing", _now() - t0)
+
+    # -- the generic path ------------------------------------------------------------
+    def trace(self, *args, **kwargs):
         if self.low.alias:
             x = args[0]
             if is_functional(x):
@@ -91,15 +104,14 @@ class OpKernel:
                 # result this way): keep the result a functional tensor.
                 if self.name in ("aten::lift_fresh", "aten::lift"):
                     return x
-                s = state_of(x)
-                return wrap_user(make_tensor(s.node, s.idx, s.shape, s.dtype))
+                return wrap_user(make_alias(state_of(x)))
             try:
                 s = state_of(x)
             except RuntimeError:
                 if x.device.type != "meta":
                     raise
                 return _meta_alias(self.op, args, kwargs)
-            out = make_tensor(s.node, s.idx, s.shape, s.dtype)
+            out = make_alias(s)
             if self.name in ("aten::lift_fresh", "aten::lift"):
                 # torch.tensor(data, device=xla) moves its data with functionalization
                 # excluded, then lifts the result: this is where it becomes a user tensor.
@@ -212,6 +224,7 @@ class OpKernel:
             argv.append(ir.ref(len(operands)))
             operands.append((rng.seed_node(), 0))
             argv.append(counter)
+        self.op_count[0] += 1
         node = ir.Node(self.name, tuple(operands), tuple(argv), entry.avals, low,
                        entry.common if low.promote else None, entry.base)
         if entry.structure == "one" and not EAGER[0]:

@@ -71,7 +71,8 @@ def specialise(k: OpKernel):
     low = k.low
     ns = {"generic": k.__call__, "outputs": k._outputs, "cache": k.cache, "Node": ir.Node, "ScalarParam": ir.ScalarParam,
           "make_tensor": make_tensor, "Tensor": torch.Tensor, "REFS": REFS, "EAGER": EAGER, "freeze": freeze,
-          "NOSPECIAL": NO_SPECIAL_SCALARS, "NAME": k.name, "LOW": low, "PROMOTE": low.promote}
+          "NOSPECIAL": NO_SPECIAL_SCALARS, "NAME": k.name, "LOW": low, "PROMOTE": low.promote,
+          "COUNT": k.op_count}
     params, call, tensors, lines, key, argv, scalars = [], [], [], [], ["NAME"], [], []
     kw_only = False
     tpos = [i for i, x in enumerate(k.kinds) if x in (TENSOR, OPT_TENSOR)]
@@ -137,7 +138,7 @@ def specialise(k: OpKernel):
     body.append(f"_argv = [{', '.join(argv)}]")
     for i, v in scalars:
         body += [f"if _p{i}:", f"    _argv[{i}] = REFS[len(_ops)]; _ops.append((ScalarParam({v}, _entry.common), 0))"]
-    body += ["_node = Node(NAME, tuple(_ops), tuple(_argv), _entry.avals, LOW, _entry.common if PROMOTE else None, _entry.base)",
+    body += ["COUNT[0] += 1", "_node = Node(NAME, tuple(_ops), tuple(_argv), _entry.avals, LOW, _entry.common if PROMOTE else None, _entry.base)",
              "if _entry.structure != 'one':", "    return outputs(_node, _entry)",
              "_shape, _dtype = _entry.avals[0]", "return make_tensor(_node, 0, _shape, _dtype)"]
     src = f"def fast({', '.join(params)}):\n" + "\n".join("    " + l.replace("CALL", ", ".join(call))

@@ -13,16 +13,22 @@ from ..tensor import make_tensor, replace_state, state_of
 def to_cpu(t: torch.Tensor) -> torch.Tensor:
     """Materialises an XLA tensor on the CPU (a host read)."""
     s = state_of(t)
+    arr = executor.materialize(s)
     with metrics.timed("TransferFromDeviceTime"):
-        arr = executor.materialize(s)
         host = runtime.fetch(arr)
     executor.inspect_checks()  # the read waited anyway: index errors of the programs so far
+    metrics.add_sample("OutboundData", host.nbytes)
     return runtime.from_numpy(host, s.dtype)
 
 
 def from_cpu(t: torch.Tensor, dtype: Optional[torch.dtype] = None, placement=None) -> torch.Tensor:
     """A new inner XLA tensor holding a copy of CPU tensor `t` (placed on `placement`, a
     jax device or sharding, or where new data goes by default)."""
+    with metrics.timed("TensorToData"):
+        return _from_cpu(t, dtype, placement)
+
+
+def _from_cpu(t, dtype, placement):
     if dtype is not None and dtype != t.dtype:
         t = t.to(dtype)
     if not runtime.is_supported_dtype(t.dtype):
@@ -32,7 +38,8 @@ def from_cpu(t: torch.Tensor, dtype: Optional[torch.dtype] = None, placement=Non
     if host.dtype != dd:
         host = host.astype(dd)
     arr = runtime.put(host, placement)  # times the transfer (none yet for SPMD host data)
-    metrics.add_sample("OutboundData", host.nbytes)
+    metrics.add_sample("InboundData", host.nbytes)
+    metrics.inc("CreateDataHandles")
     aval = (tuple(t.shape), t.dtype)
     return make_tensor(ir.DeviceData(arr, aval), 0, aval[0], aval[1])
 
