@@ -9,10 +9,12 @@ from __future__ import annotations
 from ._engine import device as _device
 from ._engine import kernels as _kernels
 from ._engine import patches as _patches
+from ._engine import executor as _executor
 
 _device.register()
 _kernels.register()
 _patches.install_import_time()
+_executor.activate_debugging()
 
 from . import _XLAC  # noqa: E402,F401  (documented as torch_xla._XLAC)
 from ._api import (device, devices, device_count, sync, step, compile, manual_seed,  # noqa: E402

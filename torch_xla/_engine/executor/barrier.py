@@ -9,9 +9,9 @@ from __future__ import annotations
 import threading
 from typing import List, Optional
 
-from .. import ir, metrics, mode, rng, sharding
+from .. import config, ir, metrics, mode, rng, runtime, sharding
 from ..tensor import XlaState, pending
-from . import closures, compile as compiling, manual, strategies
+from . import analysis, closures, compile as compiling, dumps, manual, strategies
 from .donation import donatable
 from .graph import Graph
 
@@ -21,18 +21,21 @@ _listeners = {"after_sync": []}
 
 def walk(roots) -> Graph:
     """The keyed graph of `roots` ((node, idx) values) and its strategy."""
-    graph = Graph(roots)
+    with runtime.phase("torch_xla::build_graph"):
+        graph = Graph(roots)
     strategy = strategies.for_graph(graph)
     return graph.keyed(strategy.name), strategy
 
 
-def execute(states: List[XlaState], barrier: bool = False, metric: str = "ExecuteTime") -> None:
+def execute(states: List[XlaState], barrier: bool = False, metric: str = "ExecuteTime",
+            why: str = analysis.PARTIAL) -> None:
     """Computes the pending values of `states` in one program and stores the results.
 
     `barrier`: `states` are all the live pending tensors (a full barrier). Only then can
     the executor know that no IR outside this graph still reads a buffer, so only then
     are the buffers of overwritten tensors donated. `metric`: the time metric of the run
-    (`EagerOpExecuteTime` for an op run by eager mode).
+    (`EagerOpExecuteTime` for an op run by eager mode). `why`: the cause the debugging
+    analysis reports when no public entry point named one (`analysis.cause`).
     """
     states = [s for s in states if type(s.node) is not ir.DeviceData]
     if not states:
@@ -53,24 +56,40 @@ def execute(states: List[XlaState], barrier: bool = False, metric: str = "Execut
         if stuck:
             pending.restore([s for s in states if (id(s.node), s.idx) in stuck])
             return execute([s for s in states if (id(s.node), s.idx) not in stuck], barrier=True,
-                           metric=metric)
+                           metric=metric, why=why)
     args = graph.param_values()
     donate = donatable(graph) if barrier and strategy.donates else ()
     if donate:
         metrics.add_sample("InputOutputAliasCount", len(donate))
     args = strategy.to_args(args, graph)
     exe = compiling.lookup(graph.key, donate)
+    eager = metric != "ExecuteTime"
     if exe is None:
-        exe = compiling.compile_graph(graph, strategy, args, donate)
+        try:
+            exe = compiling.compile_graph(graph, strategy, args, donate)
+        except Exception as e:
+            dumps.failed(graph, strategy, e, "compilation")
+            raise
         compiling.remember(graph.key, exe)
+        if analysis.ON[0]:
+            analysis.compiled(graph, exe.compiled, why, eager)
     else:
         metrics.inc("CachedCompile")
+    if analysis.ON[0]:
+        analysis.executed(graph, why, eager)
+    if dumps.ON[0] and not eager:
+        dumps.executed(graph, strategy, analysis.resolve(why), analysis.frames())
     if exe.paced:
         pol = compiling.platform_policy()
         token = pol.before_dispatch(exe.paced)
     # Eager mode names its own metric; a program's run is its strategy's.
-    with metrics.timed(strategy.execute_metric if metric == "ExecuteTime" else metric):
-        outs = exe.compiled(*args)
+    with runtime.phase("torch_xla::execute"), \
+            metrics.timed(strategy.execute_metric if metric == "ExecuteTime" else metric):
+        try:
+            outs = exe.compiled(*args)
+        except Exception as e:
+            dumps.failed(graph, strategy, e, "execution")
+            raise
     if exe.paced:
         pol.after_dispatch(exe.paced, token, outs)
     outs = strategy.from_outputs(outs, graph)
@@ -92,20 +111,25 @@ def execute(states: List[XlaState], barrier: bool = False, metric: str = "Execut
 
 def sync(wait: bool = False, states: Optional[List[XlaState]] = None) -> None:
     """The barrier: runs all pending IR (or that of `states`) and the step closures."""
-    with _lock:
+    wait = wait or config.get("XLA_SYNC_WAIT")
+    with _lock, runtime.phase("torch_xla::sync"):
         if mode.SPMD[0]:
             sharding.constrain_annotated()
         live = pending.take_live() if states is None else states
         if live:
             metrics.add_sample("TensorsGraphSize", len(live))
             try:
-                execute(live, barrier=states is None)
+                execute(live, barrier=states is None, why=analysis.SYNC if states is None else analysis.PARTIAL)
             except BaseException:
                 if states is None:
                     pending.restore(live)
                 raise
         if states is None:
             rng.advance_step()
+            if analysis.ON[0]:
+                analysis.step()
+            if dumps.ON[0]:
+                dumps.step()
         for cb in _listeners["after_sync"]:
             cb()
         if wait:
@@ -119,7 +143,7 @@ def materialize(state: XlaState):
     if type(state.node) is not ir.DeviceData:
         with _lock:
             if type(state.node) is not ir.DeviceData:
-                execute([state])
+                execute([state], why=analysis.HOST_READ)
     return state.node.array
 
 

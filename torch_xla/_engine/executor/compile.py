@@ -47,8 +47,10 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple) -> Executable:
         opts = pol.compiler_options(graph.op_avals())
 
         def build(jit_options: dict):
-            lowered = jax.jit(fn, donate_argnums=donate, keep_unused=True, **jit_options).lower(*args)
-            return lowered.compile(compiler_options=opts) if opts else lowered.compile()
+            with runtime.phase("torch_xla::lower"):
+                lowered = jax.jit(fn, donate_argnums=donate, keep_unused=True, **jit_options).lower(*args)
+            with runtime.phase("torch_xla::compile"):
+                return lowered.compile(compiler_options=opts) if opts else lowered.compile()
         try:
             compiled = build(strategy.jit_options(graph, args))
         except Exception as e:  # noqa: BLE001
