@@ -7,6 +7,7 @@ from typing import List, Optional
 import torch
 
 from ._engine import executor, ir, metrics, tensor as _tensor
+from ._engine.executor import dumps as _dumps
 from ._engine.metrics_report import format_report
 from ._engine.tensor import state_of
 
@@ -21,40 +22,29 @@ def _roots(tensors: Optional[List[torch.Tensor]]):
 
 
 def _get_xla_tensors_text(tensors: List[torch.Tensor]) -> str:
-    """The IR graph computing `tensors`, one node per line."""
+    """The IR graph computing `tensors`, one node per line (with each op's source line
+    when XLA_IR_DEBUG or `_set_ir_debug(True)` recorded it)."""
     roots = _roots(tensors)
-    order = executor.Graph(roots).order
-    names = {}
-    lines = ["IR {"]
-    root_ids = {}
-    for i, (n, _) in enumerate(roots):
-        root_ids.setdefault(id(n), i)
-    for n in order:
-        names[id(n)] = f"%{len(names)}"
-        shapes = ", ".join(f"{_dt(d)}[{','.join(map(str, s))}]" for s, d in
-                           (a for a in n.avals if a is not None))
-        if type(n) is ir.DeviceData:
-            desc = "xla::device_data()"
-        elif type(n) is ir.ScalarParam:
-            desc = f"xla::device_data(), scalar={n.value}"
-        elif type(n) is ir.Constant:
-            desc = f"prim::Constant(), value={n.value}"
-        else:
-            ops = ", ".join(f"{names[id(o)]}" + (f".{i}" if len(o.avals) > 1 else "") for o, i in n.operands)
-            statics = [a for a in n.args if not isinstance(a, ir.Ref) and not (isinstance(a, tuple) and a and isinstance(a[0], ir.Ref))]
-            desc = f"{n.op}({ops})" + (f", args={statics}" if statics else "")
-        root = f", ROOT={root_ids[id(n)]}" if id(n) in root_ids else ""
-        lines.append(f"  {names[id(n)]} = {shapes} {desc}{root}")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
+    return _dumps.ir_text(executor.Graph(roots).order, roots)
 
 
-def _dt(d):
-    return {torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16", torch.float16: "f16",
-            torch.int64: "s64", torch.int32: "s32", torch.int16: "s16", torch.int8: "s8",
-            torch.uint8: "u8", torch.uint16: "u16", torch.uint32: "u32", torch.uint64: "u64",
-            torch.bool: "pred", torch.complex64: "c64",
-            torch.complex128: "c128"}.get(d, str(d).replace("torch.", ""))
+def _get_xla_tensors_dot(tensors: List[torch.Tensor]) -> str:
+    """The IR graph computing `tensors` in Graphviz's dot format."""
+    roots = _roots(tensors)
+    return _dumps.ir_dot(executor.Graph(roots).order, roots)
+
+
+_dt = _dumps.dtype_text
+
+
+def _get_ir_debug() -> bool:
+    """Whether new IR nodes record the Python source line that created them."""
+    return ir.RECORDING[0]
+
+
+def _set_ir_debug(enable: bool) -> None:
+    """Turns the recording of each new IR node's source line on or off (XLA_IR_DEBUG)."""
+    ir.record_sources(bool(enable))
 
 
 def _get_xla_tensors_hlo(tensors: Optional[List[torch.Tensor]]) -> str:

@@ -9,10 +9,12 @@ from __future__ import annotations
 from ._engine import device as _device
 from ._engine import kernels as _kernels
 from ._engine import patches as _patches
+from ._engine import executor as _executor
 
 _device.register()
 _kernels.register()
 _patches.install_import_time()
+_executor.activate_debugging()
 if _patches.enabled("nn_gru"):
     from .experimental import gru as _gru
     _gru.install()

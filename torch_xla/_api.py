@@ -8,6 +8,7 @@ from typing import Any, Callable, List, Optional
 import torch
 
 from ._engine import executor, job, metrics, mode, rng, runtime
+from ._engine.executor import analysis
 
 
 def device(index: Optional[int] = None) -> torch.device:
@@ -47,11 +48,13 @@ def sync(wait: bool = False, reset_scope: bool = True) -> None:
 
 @contextlib.contextmanager
 def _step_cm():
-    sync()
+    with analysis.cause("torch_xla.step: the pending graph before the step"):
+        sync()
     try:
         yield
     finally:
-        sync()
+        with analysis.cause("torch_xla.step at step end"):
+            sync()
 
 
 def step():
@@ -77,7 +80,9 @@ class _Compiled:
         return self if obj is None else functools.partial(self, obj)
 
     def __call__(self, *args, **kwargs):
-        sync()
+        with analysis.cause("torch_xla.compile clear the pending graph prior calling the target function",
+                            f"{self.name}_clear_pending"):
+            sync()
         before = metrics.counters.get("ExecuteCount", 0)
         with mode.lazy_scope():
             result = self.fn(*args, **kwargs)
@@ -97,7 +102,8 @@ class _Compiled:
                         f"the {len(self.graphs)} seen before, more than num_different_graphs_allowed="
                         f"{self.allowed} (an input's shape, dtype or a Python value changed the graph)")
                 self.graphs.add(key)
-        sync()
+        with analysis.cause("torch_xla.compile", self.name):
+            sync()
         return result
 
 

@@ -1,7 +1,6 @@
 """`torch_xla.runtime` (xr): the PJRT runtime's view of devices, processes and caches."""
 from __future__ import annotations
 
-import os
 import sys
 from typing import Dict, List, Optional
 
@@ -155,11 +154,7 @@ def initialize_cache(path: str, readonly: bool = False) -> None:
     jax = _rt.jax_module()
     if _cache_state["path"] is not None and _cache_state["path"] != path:
         raise RuntimeError("the persistent cache is already initialised at " + _cache_state["path"])
-    os.makedirs(path, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    _persistent.initialize(jax, path, readonly)
     if readonly:
         _cache_state["readonly"] = True
     _cache_state["path"] = path
-    _persistent.configure(path, readonly)

@@ -23,7 +23,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from . import executor, ir, metrics, mode, rng, runtime
-from .executor import checks, compile as compiling
+from .executor import analysis, checks, compile as compiling
 from .tensor import is_functional, make_tensor, pending, replace_state, state_of, unwrap, wrap_user
 
 _DEVICE_DATA = ir.DeviceData
@@ -31,6 +31,10 @@ _DEVICE_DATA = ir.DeviceData
 
 class Program:
     """A captured program: `run(*args)` -> outputs in the traced tree."""
+    # What the debugging analysis (PT_XLA_DEBUG_LEVEL) reports for its compile and runs.
+    compile_cause = "a captured program (torch.compile, export) is compiled"
+    execute_cause = "a captured program (torch.compile, export) runs"
+    name = None
 
     def __init__(self, graph, strategy, input_slots: List[int], mutated: List[int], out_tree,
                  out_kinds: list, seed_slot: int):
@@ -57,6 +61,9 @@ class Program:
                                        if slot >= 0 and type(s.node) is _DEVICE_DATA and s.node in ir.DONORS}))
             args = self.strategy.to_args(self.captured, self.graph)
             self._exe = compiling.compile_graph(self.graph, self.strategy, args, donate)
+            if analysis.ON[0]:
+                with analysis.cause(self.compile_cause, self.name):
+                    analysis.compiled(self.graph, self._exe.compiled, self.compile_cause)
         return self._exe
 
     def lowered(self):
@@ -91,10 +98,13 @@ class Program:
         args = strategy.to_args(params, graph)
         if exe.upgrade is not None:
             exe.settle()
+        if analysis.ON[0]:
+            with analysis.cause(self.execute_cause, self.name):
+                analysis.executed(graph, self.execute_cause, dynamo=True)
         if exe.paced:
             pol = compiling.platform_policy()
             token = pol.before_dispatch(exe.paced)
-        with metrics.timed("ExecuteTime"):
+        with runtime.phase("torch_xla::execute"), metrics.timed("ExecuteTime"):
             outs = exe.compiled(*args)
         if exe.paced:
             pol.after_dispatch(exe.paced, token, outs)

@@ -22,6 +22,7 @@ class Var:
     default: Any
     meaning: str
     cached: bool = True
+    refused: str = ""  # why setting it has no effect here (warned at import when set)
 
 
 _VARS = [
@@ -39,7 +40,8 @@ _VARS = [
         "make 0 and 1 graph parameters like every other Python scalar"),
     Var("XLA_NO_DONATION", "bool", False, "never donate the buffers of overwritten tensors"),
     Var("XLA_HLO_DEBUG", "bool", False,
-        "record each traced op's Python source line; `xm.get_stablehlo` shows them as locations"),
+        "record each traced op's Python source line: locations in the StableHLO / HLO text "
+        "(`xm.get_stablehlo`, `XLA_SAVE_TENSORS_FMT=hlo`), `op_name` metadata in compiled programs"),
     Var("XLA_USE_SPMD", "bool", False,
         "SPMD mode (`xr.use_spmd()`): one program over every device, partitioned by XLA from "
         "`mark_sharding` annotations; in a job of one process per host, each host's process gets "
@@ -94,6 +96,35 @@ _VARS = [
     Var("MODELCMP_SAVEDIR", "str", None,
         "`torch_xla.debug.model_comparator.save`: the folder tensors are saved in (unless `configure`d)",
         cached=False),
+    # ---- debugging (docs/ARCHITECTURE.md, "Debugging") ----
+    Var("PT_XLA_DEBUG_LEVEL", "int", -1,
+        "`1`: a compilation analysis at every compile (cause, graph hash, inputs/outputs, Python frames, "
+        "and what changed since the closest graph compiled before); `2`: an execution analysis at every "
+        "run too; a summary at exit"),
+    Var("PT_XLA_DEBUG", "bool", False, "the analyses of `PT_XLA_DEBUG_LEVEL=2`"),
+    Var("PT_XLA_DEBUG_FILE", "str", "", "append the analyses to this file instead of stderr"),
+    Var("PT_XLA_DEBUG_MAX_FRAME", "int", 8, "Python frames shown per analysis"),
+    Var("XLA_IR_DEBUG", "bool", False,
+        "record each traced op's Python source line; the IR text (`_get_xla_tensors_text`, "
+        "`XLA_SAVE_TENSORS_FILE`) shows it"),
+    Var("XLA_SAVE_TENSORS_FILE", "str", "", "append the graph of every execution to this file"),
+    Var("XLA_SAVE_TENSORS_FMT", "str", "text", "format of `XLA_SAVE_TENSORS_FILE`: `text` (IR), `hlo` or `dot`"),
+    Var("XLA_METRICS_FILE", "str", "", "append the metrics report to this file at every step"),
+    Var("XLA_SAVE_HLO_FILE", "str", "", "write the program whose compilation or execution failed to this file"),
+    Var("XLA_DUMP_HLO_GRAPH", "bool", False, "add the program to the error of a failed compilation or execution"),
+    Var("XLA_SYNC_WAIT", "bool", False, "every barrier waits for its programs to finish"),
+    Var("XLA_USE_EAGER_DEBUG_MODE", "bool", False, "run every op as it is traced (eager mode) from the start"),
+    Var("XLA_PERSISTENT_CACHE_PATH", "str", "",
+        "directory of the persistent compile cache (`xr.initialize_cache(path)` at import)"),
+    Var("XLA_DYNAMO_DEBUG", "bool", False,
+        "print what the dynamo bridge does with each FX graph (traced, compiled, run lazily)"),
+    Var("TF_CPP_MIN_LOG_LEVEL", "str", "", "XLA's own C++ logging level (read by jaxlib as is)", cached=False),
+    Var("TF_CPP_VMODULE", "str", "", "XLA's own per-file verbose logging (read by jaxlib as is)", cached=False),
+    Var("TF_CPP_LOG_THREAD_ID", "str", "", "thread ids in XLA's own C++ logs (read by jaxlib as is)",
+        cached=False),
+    Var("XLA_DISABLE_FUNCTIONALIZATION", "bool", False,
+        "not applicable: functionalization is how this engine sees every op (a warning names it when set)",
+        refused="functionalization is how this engine sees every op; it cannot be turned off"),
 ]
 VARS: Dict[str, Var] = {v.name: v for v in _VARS}
 _cache: Dict[str, Any] = {}
@@ -202,6 +233,11 @@ def overlay(env: Mapping[str, str]) -> Iterator[None]:
             else:
                 os.environ[k] = v
             _cache.pop(k, None)
+
+
+def refused_set() -> Dict[str, str]:
+    """The variables that are set but cannot apply here, with the reason."""
+    return {v.name: v.refused for v in _VARS if v.refused and os.environ.get(v.name) not in (None, "")}
 
 
 def table() -> str:

@@ -191,12 +191,14 @@ def user_line() -> str:
 
 SOURCES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # node -> "file.py:line"
 _PKG_DIRS = []
+RECORDING = [False]
 
 
-def record_sources() -> None:
+def record_sources(on: bool = True) -> None:
     """From now on every new node remembers the first Python frame outside torch_xla and
-    torch that created it (only when asked: this wraps the constructor)."""
-    if _PKG_DIRS:
+    torch that created it (only when asked: this wraps the constructor); `on=False` stops."""
+    RECORDING[0] = on
+    if _PKG_DIRS or not on:
         return
     import torch
     _PKG_DIRS.extend([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -206,6 +208,8 @@ def record_sources() -> None:
 
     def __init__(self, *args, **kwargs):
         init(self, *args, **kwargs)
+        if not RECORDING[0]:
+            return
         f = sys._getframe(1)
         while f is not None and f.f_code.co_filename.startswith(_skipped):
             f = f.f_back

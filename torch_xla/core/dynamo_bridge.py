@@ -19,7 +19,8 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .._dynamo import config
-from .._engine import capture as _capture, metrics, mode
+from .._engine import capture as _capture, config as _config, executor as _executor, metrics, mode
+from .._engine.executor import analysis as _analysis
 from .._engine.tensor import state_of
 
 _LAZY = "lazy"   # a graph that must be traced at every call
@@ -151,16 +152,30 @@ class CompiledGraph:
         metrics.inc("DynamoExtractCompiledGraph")
         tensor_pos = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         if any(args[i].device.type != "xla" for i in tensor_pos):
+            _debug(f"graph {self.name}: an input is not on the xla device: it runs lazily at every call")
             self.programs[key] = _LAZY
             with mode.lazy_scope():
                 return self.graph_module(*args)
+        with _analysis.cause("torch_xla.sync when dynamo processing input graphs"):
+            _executor.sync()
         program, out = _capture.trace(self.graph_module, *args, run=False)
         if program is None:
+            _debug(f"graph {self.name}: not one closed graph (a host read or CPU fallback inside): "
+                   f"it runs lazily at every call")
             self.programs[key] = _LAZY
             return out
+        program.compile_cause = "dynamo is compiling a FX graph to HLO"
+        program.execute_cause = "dynamo is executing a compiled program"
+        _debug(f"graph {self.name}: traced for inputs {[a for a in key]}: {len(program.graph.order)} nodes, "
+               f"{len(program.graph.params)} parameters, {len(program.graph.roots)} outputs")
         self.programs[key] = program
         flat = _capture.input_tensors(args)
         return pytree.tree_unflatten(program.run_flat(flat), program.out_tree)
+
+
+def _debug(text: str) -> None:
+    if _config.get("XLA_DYNAMO_DEBUG"):
+        print(f"[torch_xla dynamo] {text}", flush=True)
 
 
 def _check_inputs(states) -> None:

@@ -11,6 +11,7 @@ import torch
 import torch_xla
 from .. import runtime as xr
 from .._engine import collectives as _coll, executor, rng, runtime
+from .._engine.executor import analysis as _analysis
 
 REDUCE_SUM = "sum"
 REDUCE_MUL = "mul"
@@ -128,7 +129,8 @@ def mark_step(wait: bool = False, reset_scope: bool = True) -> None:
 
     wait: block until the programs have run. reset_scope: accepted for compatibility; this
     engine keeps no IR scopes across barriers, so there is never a scope to carry over."""
-    executor.sync(wait=wait)
+    with _analysis.cause("user xm.mark_step"):
+        executor.sync(wait=wait)
 
 
 def wait_device_ops(devices: Sequence = ()) -> None:

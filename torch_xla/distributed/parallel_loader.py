@@ -24,6 +24,9 @@ from typing import Any, Dict, List
 import torch
 
 import torch_xla.core.xla_model as xm
+from torch_xla._engine.executor import analysis as _analysis
+
+_AT_STEP_END = "torch_xla.sync in parallel loader at step end"
 
 _END = object()   # end of a queue's data
 
@@ -268,12 +271,14 @@ class PerDeviceLoader:
         # The barrier of the previous `batches_per_execution` batches' computation.
         marked = self._batches_yielded % self._loader.batches_per_execution == 0
         if marked:
-            xm.mark_step()
+            with _analysis.cause(_AT_STEP_END):
+                xm.mark_step()
         item = self._loader.next_item(self._device)
         if item is _END:
             self._finished = True
             if not marked:
-                xm.mark_step()   # the computation of the last (partial) group
+                with _analysis.cause(_AT_STEP_END):
+                    xm.mark_step()   # the computation of the last (partial) group
             raise StopIteration
         if isinstance(item, _Failure):
             self._finished = True

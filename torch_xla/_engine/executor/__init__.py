@@ -17,6 +17,26 @@ from .compile import cache_size, clear_cache
 from .graph import Graph
 from .lower import GraphCompileError, lower_node
 
-__all__ = ["execute", "inspect_checks", "sync", "materialize", "wait_all", "walk", "lowered", "lower_text",
-           "on_ready", "add_step_closure", "run_step_closures", "pending_graph_key", "cache_size", "clear_cache", "Graph",
+
+
+def activate_debugging() -> None:
+    """Reads the debugging variables (at import; each does nothing unless set):
+    PT_XLA_DEBUG_LEVEL, the dump files, XLA_USE_EAGER_DEBUG_MODE, XLA_PERSISTENT_CACHE_PATH,
+    and warns about the variables that cannot apply here."""
+    import warnings
+    from .. import boot, config, mode
+    from . import analysis, dumps, persistent
+    analysis.activate()
+    dumps.activate()
+    if config.get("XLA_USE_EAGER_DEBUG_MODE"):
+        mode.set_eager(True)
+    path = config.get("XLA_PERSISTENT_CACHE_PATH")
+    if path:
+        boot.after_start.append(lambda: persistent.enabled() or persistent.initialize(boot.start_jax(), path))
+    for name, why in config.refused_set().items():
+        warnings.warn(f"{name} is set but has no effect in torch_xla: {why}", stacklevel=3)
+
+
+__all__ = ["activate_debugging", "execute", "inspect_checks", "on_ready", "sync", "materialize", "wait_all", "walk", "lowered", "lower_text",
+           "add_step_closure", "run_step_closures", "pending_graph_key", "cache_size", "clear_cache", "Graph",
            "GraphCompileError", "lower_node"]

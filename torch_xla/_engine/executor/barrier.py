@@ -10,9 +10,9 @@ import threading
 import time
 from typing import List, Optional
 
-from .. import ir, metrics, mode, rng, sharding
+from .. import config, ir, metrics, mode, rng, runtime, sharding
 from ..tensor import XlaState, pending
-from . import checks, closures, compile as compiling, manual, strategies
+from . import analysis, checks, closures, compile as compiling, dumps, manual, strategies
 from .donation import donatable
 from .graph import Graph
 
@@ -28,18 +28,21 @@ _waiting: list = []
 
 def walk(roots) -> Graph:
     """The keyed graph of `roots` ((node, idx) values) and its strategy."""
-    graph = Graph(roots)
+    with runtime.phase("torch_xla::build_graph"):
+        graph = Graph(roots)
     strategy = strategies.for_graph(graph)
     return graph.keyed(strategy.name), strategy
 
 
-def execute(states: List[XlaState], barrier: bool = False, metric: str = "ExecuteTime") -> None:
+def execute(states: List[XlaState], barrier: bool = False, metric: str = "ExecuteTime",
+            why: str = analysis.PARTIAL) -> None:
     """Computes the pending values of `states` in one program and stores the results.
 
     `barrier`: `states` are all the live pending tensors (a full barrier). Only then can
     the executor know that no IR outside this graph still reads a buffer, so only then
     are the buffers of overwritten tensors donated. `metric`: the time metric of the run
-    (`EagerOpExecuteTime` for an op run by eager mode).
+    (`EagerOpExecuteTime` for an op run by eager mode). `why`: the cause the debugging
+    analysis reports when no public entry point named one (`analysis.cause`).
     """
     states = [s for s in states if type(s.node) is not ir.DeviceData]
     if not states:
@@ -63,7 +66,7 @@ def execute(states: List[XlaState], barrier: bool = False, metric: str = "Execut
         if stuck:
             pending.restore([s for s in states if (id(s.node), s.idx) in stuck])
             return execute([s for s in states if (id(s.node), s.idx) not in stuck], barrier=True,
-                           metric=metric)
+                           metric=metric, why=why)
     t0 = _now()
     args = graph.param_values()
     donate = donatable(graph) if barrier and strategy.donates else ()
@@ -71,20 +74,36 @@ def execute(states: List[XlaState], barrier: bool = False, metric: str = "Execut
     args = strategy.to_args(args, graph)
     metrics.add_sample("UnwrapXlaData", _now() - t0)
     exe = compiling.lookup(graph.key, donate)
+    eager = metric != "ExecuteTime"
     if exe is None:
-        exe = compiling.compile_graph(graph, strategy, args, donate,
-                                      "EagerOpCompileTime" if metric == "EagerOpExecuteTime" else "CompileTime")
+        try:
+            exe = compiling.compile_graph(graph, strategy, args, donate,
+                                          "EagerOpCompileTime" if metric == "EagerOpExecuteTime" else "CompileTime")
+        except Exception as e:
+            dumps.failed(graph, strategy, e, "compilation")
+            raise
         compiling.remember(graph.key, exe)
+        if analysis.ON[0]:
+            analysis.compiled(graph, exe.compiled, why, eager)
     else:
         metrics.inc("CachedCompile")
     if exe.upgrade is not None:
         exe.settle()
+    if analysis.ON[0]:
+        analysis.executed(graph, why, eager)
+    if dumps.ON[0] and not eager:
+        dumps.executed(graph, strategy, analysis.resolve(why), analysis.frames())
     if exe.paced:
         pol = compiling.platform_policy()
         token = pol.before_dispatch(exe.paced)
     # Eager mode names its own metric; a program's run is its strategy's.
-    with metrics.timed(strategy.execute_metric if metric == "ExecuteTime" else metric):
-        outs = exe.compiled(*args)
+    with runtime.phase("torch_xla::execute"), \
+            metrics.timed(strategy.execute_metric if metric == "ExecuteTime" else metric):
+        try:
+            outs = exe.compiled(*args)
+        except Exception as e:
+            dumps.failed(graph, strategy, e, "execution")
+            raise
     if exe.paced:
         pol.after_dispatch(exe.paced, token, outs)
     outs = strategy.from_outputs(checks.split(outs, exe.checks), graph)
@@ -140,8 +159,9 @@ def _notify_ready() -> None:
 
 def sync(wait: bool = False, states: Optional[List[XlaState]] = None) -> None:
     """The barrier: runs all pending IR (or that of `states`) and the step closures."""
+    wait = wait or config.get("XLA_SYNC_WAIT")
     t0 = _now()
-    with _lock:
+    with _lock, runtime.phase("torch_xla::sync"):
         metrics.add_sample("DeviceLockWait", _now() - t0)
         if checks._pending:
             checks.poll(block=False)  # earlier programs' index checks, if they have finished
@@ -153,13 +173,17 @@ def sync(wait: bool = False, states: Optional[List[XlaState]] = None) -> None:
         if live:
             metrics.add_sample("TensorsGraphSize", len(live))
             try:
-                execute(live, barrier=states is None)
+                execute(live, barrier=states is None, why=analysis.SYNC if states is None else analysis.PARTIAL)
             except BaseException:
                 if states is None:
                     pending.restore(live)
                 raise
         if states is None:
             rng.advance_step()
+            if analysis.ON[0]:
+                analysis.step()
+            if dumps.ON[0]:
+                dumps.step()
         for cb in _listeners["after_sync"]:
             cb()
         if wait:
@@ -174,7 +198,7 @@ def materialize(state: XlaState):
     if type(state.node) is not ir.DeviceData:
         with _lock:
             if type(state.node) is not ir.DeviceData:
-                execute([state])
+                execute([state], why=analysis.HOST_READ)
     return state.node.array
 
 

@@ -78,8 +78,10 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple, metric: str = "Co
         first = {**opts, **quick} if quick else opts
 
         def build(jit_options: dict):
-            lowered = jax.jit(fn, donate_argnums=donate, keep_unused=True, **jit_options).lower(*args)
-            return lowered, (lowered.compile(compiler_options=first) if first else lowered.compile())
+            with runtime.phase("torch_xla::lower"):
+                lowered = jax.jit(fn, donate_argnums=donate, keep_unused=True, **jit_options).lower(*args)
+            with runtime.phase("torch_xla::compile"):
+                return lowered, (lowered.compile(compiler_options=first) if first else lowered.compile())
         try:
             lowered, compiled = build(strategy.jit_options(graph, args))
         except Exception as e:  # noqa: BLE001

@@ -29,6 +29,15 @@ def configure(path: str, readonly: bool = False) -> None:
     _state["readonly"] = readonly
 
 
+def initialize(jax, path: str, readonly: bool = False) -> None:
+    """Puts jax's compilation cache and this one's executables under `path`."""
+    os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    configure(path, readonly)
+
+
 def enabled() -> bool:
     return _state["dir"] is not None
 

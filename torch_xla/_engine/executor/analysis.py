@@ -1,0 +1,359 @@
+"""PT_XLA_DEBUG_LEVEL: why each graph compiles and runs, and what changed when one compiles again.
+
+Level 1 prints a compilation analysis at every compile (its cause, the graph's name, hash,
+input and output counts, the Python frames that triggered it) and, for a graph compiled
+again, what differs from the closest graph compiled before (which op, shape, dtype or
+constant, and the source line that created it). Level 2 adds an execution analysis at every
+run. At exit a summary counts compiles and executions and those a host read caused.
+
+Causes: a public entry point that runs a barrier names itself with `cause(text)` (the
+outermost one wins: the parallel loader's `mark_step` is the loader's); without one, a full
+barrier is the user's `torch_xla.sync` and a single tensor's run is a host read. Nothing
+here runs unless the level is set (`ON[0]`), and never per traced op: the executor calls it
+at compiles and executions only.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import difflib
+import linecache
+import os
+import sys
+from typing import Iterator, List, Optional
+
+from .. import config, ir, job, metrics
+
+ON = [False]          # any analysis wanted (level >= 1): checked by the executor
+_LEVEL = [0]
+_causes: List[tuple] = []     # (text, graph name)
+_history: List[tuple] = []    # (key, cause, descriptions, sources) of compiled graphs
+_MAX_HISTORY = 64
+_stats = {"compiles": 0, "executions": 0, "host_read_compiles": 0, "host_read_executions": 0,
+          "first_host_read": None, "steps": 0, "warned": set()}
+_ENGINE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SKIP = (_ENGINE_DIR, os.path.dirname(contextlib.__file__) + os.sep + "contextlib.py")
+
+SYNC = "user torch_xla.sync"
+PARTIAL = "user sync of selected tensors"
+HOST_READ = "user code trying to access tensor value before torch_xla.sync"
+
+
+def level() -> int:
+    lv = config.get("PT_XLA_DEBUG_LEVEL")
+    if lv < 0:
+        lv = 100 if config.get("PT_XLA_DEBUG") else 0
+    return lv
+
+
+def activate() -> None:
+    """Turns the analysis on when PT_XLA_DEBUG_LEVEL / PT_XLA_DEBUG ask for it (at import)."""
+    lv = level()
+    if lv <= 0:
+        return
+    _LEVEL[0] = lv
+    ON[0] = True
+    # The recompilation analysis names the source line that created a changed op.
+    ir.record_sources()
+    atexit.register(_summary)
+
+
+@contextlib.contextmanager
+def cause(text: str, name: Optional[str] = None) -> Iterator[None]:
+    """The cause (and graph name) reported for the barriers run inside the block."""
+    if not ON[0] or _causes:
+        yield
+        return
+    _causes.append((text, name))
+    try:
+        yield
+    finally:
+        _causes.pop()
+
+
+def _resolve(default: str) -> tuple:
+    return _causes[-1] if _causes else (default, None)
+
+
+def resolve(default: str) -> str:
+    """The cause of the barrier running now (`default` when no entry point named one)."""
+    return _resolve(default)[0]
+
+
+def frames() -> List[str]:
+    """The Python frames outside the engine, innermost first."""
+    return _frames()
+
+
+def _frames() -> List[str]:
+    out = []
+    f = sys._getframe(1)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not fn.startswith(_SKIP):
+            out.append(f"{f.f_code.co_name} ({fn}:{f.f_lineno})")
+        f = f.f_back
+    return out
+
+
+def _user_line() -> str:
+    """The first frame outside torch_xla and torch: `file:line: source`."""
+    import torch
+    skip = (os.path.dirname(_ENGINE_DIR), os.path.dirname(torch.__file__), _SKIP[1])
+    f = sys._getframe(2)
+    while f is not None and f.f_code.co_filename.startswith(skip):
+        f = f.f_back
+    if f is None:
+        return "?"
+    src = linecache.getline(f.f_code.co_filename, f.f_lineno).strip()
+    return f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}" + (f": {src}" if src else "")
+
+
+def _emit(text: str) -> None:
+    if job.local_ordinal() != 0:
+        return
+    path = config.get("PT_XLA_DEBUG_FILE")
+    if path:
+        with open(path, "a") as fh:
+            fh.write(text)
+    else:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+
+def _block(prefix: str, body: List[str]) -> str:
+    lines = ["", prefix + "=" * 80] + [prefix + b for b in body] + [prefix + "-" * 80, prefix + "=" * 80]
+    return "\n".join(lines) + "\n"
+
+
+def graph_hash(key: int) -> str:
+    return f"{key & (2 ** 64 - 1):016x}"
+
+
+def _graph_info(key: int, n_in: int, n_out: int, name: Optional[str]) -> List[str]:
+    info = ["Graph Info: "]
+    if name:
+        info.append(f"  Graph Name: {name}")
+    info += [f"  Graph Hash: {graph_hash(key)}", f"  Number of Graph Inputs: {n_in}",
+             f"  Number of Graph Outputs: {n_out}"]
+    return info
+
+
+def _frame_lines() -> List[str]:
+    limit = config.get("PT_XLA_DEBUG_MAX_FRAME")
+    frames = _frames()
+    body = ["Python Frame Triggered Execution: "]
+    for i, fr in enumerate(frames):
+        if i >= limit:
+            body.append("  ..........")
+            break
+        body.append("  " + fr)
+    return body
+
+
+def _cause_lines(text: str) -> List[str]:
+    lines = text.split("\n")
+    return ["  " + line for line in lines]
+
+
+def compiled(graph, compiled_exe, default: str, eager: bool = False) -> None:
+    """Reports one compile of `graph` (called by the executor, with ON[0] set)."""
+    if eager:
+        return
+    text, name = _resolve(default)
+    _stats["compiles"] += 1
+    if text.startswith(HOST_READ):
+        _stats["host_read_compiles"] += 1
+        text = f"{text}\n  ({_user_line()})"
+    descs, srcs = describe(graph)
+    body = ["Compilation Cause"] + _cause_lines(text)
+    body += _graph_info(graph.key, len(graph.params), len(graph.roots), name)
+    body += _recompile_lines(descs, srcs)
+    body += _frame_lines()
+    out = _block("Compilation Analysis: ", body)
+    out += _block("Post Compilation Analysis: ", _memory_lines(compiled_exe))
+    _emit(out)
+    _history.append((graph.key, text.split("\n")[0], descs, srcs))
+    del _history[:-_MAX_HISTORY]
+
+
+def executed(graph, default: str, eager: bool = False, dynamo: bool = False) -> None:
+    """Reports one execution of `graph` (level 2), and counts it."""
+    if eager and not dynamo:
+        return
+    text, name = _resolve(default)
+    _stats["executions"] += 1
+    if text.startswith(HOST_READ):
+        _stats["host_read_executions"] += 1
+        if _stats["first_host_read"] is None:
+            _stats["first_host_read"] = _user_line()
+        text = f"{text}\n  ({_user_line()})"
+    if _LEVEL[0] < 2:
+        return
+    body = ["Execution Cause"] + _cause_lines(text)
+    body += _graph_info(graph.key, len(graph.params), len(graph.roots), name)
+    body += _frame_lines()
+    _emit(_block("Execution Analysis: ", body))
+
+
+def _memory_lines(exe) -> List[str]:
+    gb = 1024 ** 3
+    try:
+        m = exe.memory_analysis()
+        sizes = (m.argument_size_in_bytes, m.output_size_in_bytes, m.alias_size_in_bytes,
+                 m.temp_size_in_bytes, m.generated_code_size_in_bytes)
+    except Exception:  # noqa: BLE001  (a platform without memory analysis)
+        sizes = None
+    names = ("Graph input size", "Graph output size", "Aliased Input size", "Intermediate tensor size",
+             "Compiled program size")
+    if sizes is None:
+        return [f"{n}: unknown GB" for n in names]
+    return [f"{n}: {s / gb:.6f} GB" for n, s in zip(names, sizes)]
+
+
+# ---- what changed since the closest graph compiled before ------------------------------------
+
+def _aval_text(aval) -> str:
+    if aval is None:
+        return "?"
+    shape, dt = aval
+    return f"{str(dt).replace('torch.', '')}[{','.join(map(str, shape))}]"
+
+
+def _statics(node) -> list:
+    return [a for a in node.args if not isinstance(a, ir.Ref)
+            and not (isinstance(a, (tuple, list)) and a and isinstance(a[0], ir.Ref))]
+
+
+def describe(graph) -> tuple:
+    """Per node of `graph`: (op, operand avals, output avals, static arguments or constant
+    value) as texts, and the source line that created it (when recorded)."""
+    descs, srcs = [], []
+    sources = ir.SOURCES
+    pos = {}
+    for n in graph.order:
+        pos[id(n)] = len(srcs)
+        t = type(n)
+        outs = ",".join(_aval_text(a) for a in n.avals)
+        if t is ir.DeviceData:
+            d = ("input", "", outs, "")
+        elif t is ir.ScalarParam:
+            d = ("scalar input", "", outs, "")
+        elif t is ir.Constant:
+            d = ("constant", "", outs, _short(n.value))
+        else:
+            st = _statics(n)
+            d = (n.op, ", ".join(_aval_text(o.avals[i]) for o, i in n.operands), outs, _short(st) if st else "")
+        descs.append(d)
+        src = sources.get(n) if sources else None
+        srcs.append(f"created at {src}" if src else None)
+        if src:
+            # An input has no line of its own: the first op that reads it stands for it.
+            for o, _ in n.operands:
+                k = pos[id(o)]
+                if srcs[k] is None and not o.operands:
+                    srcs[k] = f"used at {src}"
+    return descs, srcs
+
+
+def _short(v) -> str:
+    s = repr(v)
+    return s if len(s) <= 80 else s[:77] + "..."
+
+
+def _text(d) -> str:
+    op, ins, outs, st = d
+    if op in ("input", "scalar input"):
+        return f"{op} {outs}"
+    if op == "constant":
+        return f"constant {outs} = {st}"
+    return f"{op}({ins}) -> {outs}" + (f" with {st}" if st else "")
+
+
+def _recompile_lines(descs: list, srcs: list) -> List[str]:
+    if not _history:
+        return []
+    best, best_ratio = None, -1.0
+    for entry in _history:
+        r = difflib.SequenceMatcher(None, entry[2], descs, autojunk=False).quick_ratio()
+        if r > best_ratio:
+            best, best_ratio = entry, r
+    key, why, old, old_srcs = best
+    sm = difflib.SequenceMatcher(None, old, descs, autojunk=False)
+    lines = [f"Compiled Again: the closest graph compiled before is {graph_hash(key)} ({why}); "
+             f"{sm.ratio():.0%} of their nodes are alike. What differs:"]
+    changes, follow = [], 0
+    for tag, i1, i2, j1, j2 in sm.get_opcodes():
+        if tag == "equal":
+            continue
+        pairs = list(zip(range(i1, i2), range(j1, j2))) if tag == "replace" else []
+        for a, b in pairs:
+            o, n = old[a], descs[b]
+            if o[0] == n[0] and o[1] != n[1] and o[3] == n[3]:
+                follow += 1    # same op on operands that changed: a consequence, not a cause
+                continue
+            changes.append(_change(o, n, srcs[b] or old_srcs[a]))
+        for b in range(j1 + len(pairs), j2):
+            changes.append(f"added: {_text(descs[b])}{_at(srcs[b])}")
+        for a in range(i1 + len(pairs), i2):
+            changes.append(f"removed: {_text(old[a])}{_at(old_srcs[a])}")
+    limit = 8
+    lines += ["  " + c for c in changes[:limit]]
+    if len(changes) > limit:
+        lines.append(f"  ... and {len(changes) - limit} more")
+    if follow:
+        lines.append(f"  and {follow} op(s) whose operands changed because of the above")
+    return lines
+
+
+def _at(src) -> str:
+    return f" ({src})" if src else ""
+
+
+def _change(o: tuple, n: tuple, src) -> str:
+    if o[0] != n[0]:
+        return f"op changed{_at(src)}: {_text(o)}  =>  {_text(n)}"
+    if o[3] != n[3]:
+        what = "constant changed" if n[0] == "constant" else "argument changed"
+        return f"{what}{_at(src)}: {n[0]} {o[3]}  =>  {n[3]}"
+    o_dt = [x.split("[")[0] for x in (o[1] + "," + o[2]).split(",") if "[" in x]
+    n_dt = [x.split("[")[0] for x in (n[1] + "," + n[2]).split(",") if "[" in x]
+    what = "dtype changed" if o_dt != n_dt else "shape changed"
+    return f"{what}{_at(src)}: {_text(o)}  =>  {_text(n)}"
+
+
+# ---- per step metrics analysis and the exit summary -------------------------------------------
+
+def step() -> None:
+    """A full barrier: warns once when compiles or host transfers happen at most steps."""
+    _stats["steps"] += 1
+    steps = _stats["steps"]
+    if steps < 5:
+        return
+    for name, threshold in (("CompileTime", 0.5), ("TransferFromDeviceTime", 0.9)):
+        m = metrics.metrics.get(name)
+        if m is not None and m.total_samples / steps > threshold and name not in _stats["warned"]:
+            _stats["warned"].add(name)
+            _emit(f"pt-xla-profiler: {name} too frequent: {m.total_samples} counts during {steps} steps\n")
+    ops = [c for c in sorted(metrics.counters) if c.startswith("aten::") and c != "aten::_local_scalar_dense"]
+    if ops and "ops" not in _stats["warned"]:
+        _stats["warned"].add("ops")
+        _emit(f"pt-xla-profiler: Op(s) not lowered: {', '.join(ops)},  (they ran on the CPU)\n")
+
+
+def _summary() -> None:
+    s = _stats
+    lines = [f"pt-xla-profiler: summary: {s['compiles']} compilation(s), {s['executions']} execution(s) "
+             f"in {s['steps']} step(s)"]
+    if s["host_read_executions"]:
+        lines.append(f"pt-xla-profiler: {s['host_read_executions']} execution(s) and {s['host_read_compiles']} "
+                     f"compilation(s) were caused by reading a tensor's value (print, .item(), .cpu()) "
+                     f"before torch_xla.sync; the first at {s['first_host_read']}")
+    for name in ("CompileTime", "TransferFromDeviceTime"):
+        m = metrics.metrics.get(name)
+        if m is not None and s["steps"] and m.total_samples > s["steps"]:
+            lines.append(f"pt-xla-profiler: {name} too frequent: {m.total_samples} counts during {s['steps']} steps")
+    try:
+        _emit("\n".join(lines) + "\n")
+    except Exception:  # noqa: BLE001  (interpreter shutdown)
+        pass

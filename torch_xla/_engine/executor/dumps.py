@@ -1,0 +1,142 @@
+"""Graph dumps for debugging: the IR as text or Graphviz, and the files the debugging
+variables ask for (XLA_SAVE_TENSORS_FILE, XLA_SAVE_HLO_FILE, XLA_METRICS_FILE,
+XLA_DUMP_HLO_GRAPH). Nothing here runs unless one of them is set (`ON[0]`)."""
+from __future__ import annotations
+
+from typing import Dict, List
+
+from .. import config, ir
+
+ON = [False]     # XLA_SAVE_TENSORS_FILE or XLA_METRICS_FILE set: checked by the executor
+_hlo_cache: Dict[int, str] = {}
+_DT = {"float32": "f32", "float64": "f64", "bfloat16": "bf16", "float16": "f16", "int64": "s64",
+       "int32": "s32", "int16": "s16", "int8": "s8", "uint8": "u8", "uint16": "u16", "uint32": "u32",
+       "uint64": "u64", "bool": "pred", "complex64": "c64", "complex128": "c128"}
+
+
+def activate() -> None:
+    ON[0] = bool(config.get("XLA_SAVE_TENSORS_FILE") or config.get("XLA_METRICS_FILE"))
+    if config.get("XLA_IR_DEBUG"):
+        ir.record_sources()
+    fmt = config.get("XLA_SAVE_TENSORS_FMT")
+    if fmt not in ("text", "hlo", "dot"):
+        raise ValueError(f"XLA_SAVE_TENSORS_FMT={fmt!r}: use text, hlo or dot")
+
+
+def dtype_text(d) -> str:
+    s = str(d).replace("torch.", "")
+    return _DT.get(s, s)
+
+
+def _aval(a) -> str:
+    return f"{dtype_text(a[1])}[{','.join(map(str, a[0]))}]"
+
+
+def _node_desc(n, names) -> str:
+    t = type(n)
+    if t is ir.DeviceData:
+        return "xla::device_data()"
+    if t is ir.ScalarParam:
+        return f"xla::device_data(), scalar={n.value}"
+    if t is ir.Constant:
+        return f"prim::Constant(), value={n.value}"
+    ops = ", ".join(names[id(o)] + (f".{i}" if len(o.avals) > 1 else "") for o, i in n.operands)
+    statics = [a for a in n.args if not isinstance(a, ir.Ref)
+               and not (isinstance(a, tuple) and a and isinstance(a[0], ir.Ref))]
+    return f"{n.op}({ops})" + (f", args={statics}" if statics else "")
+
+
+def ir_text(order: List, roots: List[tuple]) -> str:
+    """The IR graph, one node per line (with XLA_IR_DEBUG or `_set_ir_debug`, each op's source line)."""
+    names = {}
+    lines = ["IR {"]
+    sources = ir.SOURCES
+    root_ids = {}
+    for i, (n, _) in enumerate(roots):
+        root_ids.setdefault(id(n), i)
+    for n in order:
+        names[id(n)] = f"%{len(names)}"
+        shapes = ", ".join(_aval(a) for a in n.avals if a is not None)
+        src = sources.get(n) if sources else None
+        loc = f", location={src}" if src else ""
+        root = f", ROOT={root_ids[id(n)]}" if id(n) in root_ids else ""
+        lines.append(f"  {names[id(n)]} = {shapes} {_node_desc(n, names)}{loc}{root}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def ir_dot(order: List, roots: List[tuple]) -> str:
+    """The IR graph in Graphviz's dot format."""
+    names = {id(n): f"n{i}" for i, n in enumerate(order)}
+    sources = ir.SOURCES
+    lines = ["digraph G {"]
+    for n in order:
+        label = f"{_node_desc(n, {id(o): names[id(o)] for o, _ in n.operands}).split('(')[0]}\\n" + \
+            "\\n".join(_aval(a) for a in n.avals if a is not None)
+        src = sources.get(n) if sources else None
+        if src:
+            label += f"\\n{src}"
+        lines.append(f'  {names[id(n)]} [label="{label}"]')
+    for n in order:
+        for o, i in n.operands:
+            lines.append(f"  {names[id(o)]} -> {names[id(n)]}" + (f' [label="{i}"]' if len(o.avals) > 1 else ""))
+    for k, (n, i) in enumerate(roots):
+        lines.append(f'  r{k} [label="ROOT {k}", shape=box]')
+        lines.append(f"  {names[id(n)]} -> r{k}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def graph_text(graph, strategy, fmt: str) -> str:
+    if fmt == "dot":
+        return ir_dot(graph.order, graph.roots)
+    if fmt == "hlo":
+        text = _hlo_cache.get(graph.key)
+        if text is None:
+            from .compile import lowered
+            text = _hlo_cache[graph.key] = lowered(graph, strategy).as_text(
+                dialect="hlo", debug_info=bool(config.get("XLA_HLO_DEBUG")))
+        return text
+    return ir_text(graph.order, graph.roots)
+
+
+def executed(graph, strategy, cause: str, frames: List[str]) -> None:
+    """XLA_SAVE_TENSORS_FILE: appends the graph that is about to run."""
+    path = config.get("XLA_SAVE_TENSORS_FILE")
+    if not path:
+        return
+    from .analysis import graph_hash
+    head = [f"[ScheduleSyncTensorsGraph] cause: {cause}", f"Graph Hash: {graph_hash(graph.key)}",
+            "TensorsGraphInfo:"] + ["  " + f for f in frames] + [""]
+    with open(path, "a") as fh:
+        fh.write("\n".join(head) + "\n" + graph_text(graph, strategy, config.get("XLA_SAVE_TENSORS_FMT")) + "\n")
+
+
+def step() -> None:
+    """XLA_METRICS_FILE: appends the metrics report at each step (full barrier)."""
+    path = config.get("XLA_METRICS_FILE")
+    if not path:
+        return
+    from .. import metrics
+    from ..metrics_report import format_report
+    with open(path, "a") as fh:
+        fh.write(format_report(sorted(metrics.metrics), sorted(metrics.counters)))
+
+
+def failed(graph, strategy, exc: BaseException, stage: str) -> None:
+    """A compile or execution failed: XLA_SAVE_HLO_FILE receives the program (its HLO, or
+    the IR when it could not be lowered); XLA_DUMP_HLO_GRAPH adds it to the error."""
+    path = config.get("XLA_SAVE_HLO_FILE")
+    dump = config.get("XLA_DUMP_HLO_GRAPH")
+    if not path and not dump:
+        return
+    try:
+        text = graph_text(graph, strategy, "hlo")
+    except Exception:  # noqa: BLE001  (the lowering itself failed: the IR is what there is)
+        text = ir_text(graph.order, graph.roots)
+    if path:
+        with open(path, "w") as fh:
+            fh.write(text)
+        exc.add_note(f"XLA_SAVE_HLO_FILE: the program whose {stage} failed is in {path}")
+    if dump:
+        exc.add_note(f"the program whose {stage} failed:\n{text}")
