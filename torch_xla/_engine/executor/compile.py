@@ -38,9 +38,9 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple) -> Executable:
     if persistent.enabled() and strategy.persistable:
         pkey = persistent.key(graph, tuple(donate))
         if pkey is not None:
-            exe = persistent.load(pkey)
-            if exe is not None:
-                return Executable(exe, donate, pol.paced_bytes(exe))
+            hit = persistent.load(pkey)
+            if hit is not None:
+                return Executable(hit[0], donate, pol.paced_bytes(hit[0]), hit[1])
     fn = strategy.wrap(build_fn(graph, pol.patch_convolutions, checks=True), graph)
     if not strategy.donates:
         donate = ()
@@ -61,7 +61,7 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple) -> Executable:
             compiled = build(again)
     metrics.inc("UncachedCompile")
     if pkey is not None:
-        persistent.store(pkey, compiled)
+        persistent.store(pkey, compiled, args, graph.checks)
     pol.after_compile(time.perf_counter() - t0)
     return Executable(compiled, donate, pol.paced_bytes(compiled), graph.checks)
 
