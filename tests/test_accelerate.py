@@ -53,11 +53,21 @@ def test_two_processes_match_cpu():
     res = launcher.spawn(w.replica, nprocs=2, return_results=True)
     ref_losses, ref_params = _reference(2)
     for r in range(2):
-        dev, kind, losses, params = res[r]
+        dev, kind, losses, params, drawn = res[r]
         assert kind == "DistributedType.XLA"
+        # every replica's generator now has replica 0's state
+        torch.testing.assert_close(drawn, torch.randn(3, generator=torch.Generator().manual_seed(100)))
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses[r]), rtol=1e-5, atol=1e-6)
         for a, b in zip(params, ref_params):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_version_is_the_api_level():
+    import importlib.metadata
+    assert torch_xla.__version__ == "2.9.0"
+    assert torch_xla.__project_version__ == importlib.metadata.version("torch-xla-jax")
+    from accelerate.utils import is_torch_xla_available
+    assert is_torch_xla_available()
 
 
 def test_set_replication_checks_its_arguments():

@@ -98,3 +98,39 @@ def test_mesh_reduce_encoding_round_trip_and_refusal():
     assert (got["z"], got["d"], got["c"]) == (v["z"], v["d"], v["c"])
     with pytest.raises(TypeError, match="mesh_reduce cannot exchange a value of type _Evil"):
         collectives.encode_host([_Evil()])
+
+
+def test_persistent_cache_loads_no_pickle(tmp_path, monkeypatch):
+    import torch_xla.debug.metrics as met
+    from torch_xla._engine import executor
+    from torch_xla._engine.executor import persistent
+
+    # an entry in the old pickled format (or planted by someone else) is a miss, never unpickled
+    persistent.configure(str(tmp_path))
+    try:
+        (tmp_path / "txj-planted.exe").write_bytes(pickle.dumps(_Evil()))
+        assert persistent.load("planted") is None and _Evil.ran == []
+
+        def run():
+            x = torch.arange(6.0, device="xla")
+            return (x[torch.tensor([1, 5], device="xla")] * 3).cpu()
+
+        want = run()
+        executor.clear_cache()   # the next run must come from the disk
+
+        def no_pickle(*a, **k):
+            raise AssertionError("the persistent cache unpickled something")
+        monkeypatch.setattr(pickle, "load", no_pickle)
+        monkeypatch.setattr(pickle, "loads", no_pickle)
+        monkeypatch.setattr(pickle, "Unpickler", no_pickle)
+        hits = met.counter_value("PersistentExecutableHit") or 0
+        torch.testing.assert_close(run(), want)
+        assert (met.counter_value("PersistentExecutableHit") or 0) == hits + 1
+        torch.testing.assert_close(want, torch.tensor([3.0, 15.0]))
+        # the stored program keeps its index checks
+        x = torch.arange(6.0, device="xla")
+        with pytest.raises(IndexError, match="index 9 is out of bounds for dimension 0 with size 6"):
+            (x[torch.tensor([1, 9], device="xla")] * 3).cpu()
+    finally:
+        persistent._state["dir"] = None
+        executor.clear_cache()

@@ -42,5 +42,10 @@ def train(rank: int = 0, world: int = 1):
 
 
 def replica(rank: int):
+    """`train`, then accelerate's generator-state sync (`xm.collective_broadcast` from 0)."""
     import torch_xla.runtime as xr
-    return train(rank, xr.world_size())
+    from accelerate.utils import synchronize_rng_states
+    out = train(rank, xr.world_size())
+    g = torch.Generator().manual_seed(100 + rank)
+    synchronize_rng_states(["generator"], generator=g)
+    return out + (torch.randn(3, generator=g),)

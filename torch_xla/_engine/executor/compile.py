@@ -62,9 +62,9 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple, metric: str = "Co
     if persistent.enabled() and strategy.persistable:
         pkey = persistent.key(graph, tuple(donate))
         if pkey is not None:
-            exe = persistent.load(pkey)
-            if exe is not None:
-                return Executable(exe, donate, pol.paced_bytes(exe))
+            hit = persistent.load(pkey)
+            if hit is not None:
+                return Executable(hit[0], donate, pol.paced_bytes(hit[0]), hit[1])
     fn = strategy.wrap(build_fn(graph, pol.patch_convolutions, checks=True), graph)
     if not strategy.donates:
         donate = ()
@@ -73,6 +73,7 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple, metric: str = "Co
     # With a persistent cache the optimized program is the one to store: compile it now.
     quick = (pol.quick_compiler_options(len(graph.order))
              if config.get("XLA_TIERED_COMPILE") and pkey is None else None)
+    hits = persistent.jax_cache_hits()
     with metrics.timed(metric):
         opts = pol.compiler_options(graph.op_avals())
         first = {**opts, **quick} if quick else opts
@@ -96,7 +97,10 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple, metric: str = "Co
         metrics.inc("TieredCompile")
         return Executable(compiled, donate, pol.paced_bytes(compiled), graph.checks, _optimized(lowered, opts))
     if pkey is not None:
-        persistent.store(pkey, compiled)
+        if persistent.jax_cache_hits() != hits:
+            # Loaded from jax's cache: compile afresh, so that the stored entry holds code.
+            compiled = lowered.compile(compiler_options={**opts, **persistent.FRESH_OPTION})
+        persistent.store(pkey, compiled, args, graph.checks)
     return Executable(compiled, donate, pol.paced_bytes(compiled), graph.checks)
 
 

@@ -7,12 +7,18 @@ structure, parameters, donation) and from everything else that decides the progr
 engine's source, jax/jaxlib versions, platform, XLA flags, dtype options), so a later
 process that builds the same graph loads the executable without lowering it at all.
 Entries are written atomically (temporary file + rename); anything unreadable is a miss.
+
+An entry is data only, never a pickle: a header line, the program's metadata as JSON
+(its device, argument and result avals, the host side of its index checks) and XLA's
+serialized executable, which PJRT loads (`Client.deserialize_executable`) and the
+engine calls directly (`_Stored`).
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import os
-import pickle
+import struct
 import tempfile
 from typing import Optional
 
@@ -21,7 +27,7 @@ import numpy as np
 from .. import config, ir, metrics, runtime
 from ..lowering.table import matmul_precision
 
-_state = {"dir": None, "readonly": False, "env": None}
+_state = {"dir": None, "readonly": False, "env": None, "listening": False, "jax_hits": 0}
 
 
 def configure(path: str, readonly: bool = False) -> None:
@@ -35,7 +41,28 @@ def initialize(jax, path: str, readonly: bool = False) -> None:
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    if not _state["listening"]:
+        from jax._src import monitoring
+        monitoring.register_event_listener(_on_jax_event)
+        _state["listening"] = True
     configure(path, readonly)
+
+
+def _on_jax_event(event: str, **kwargs) -> None:
+    if event == "/jax/compilation_cache/cache_hits":
+        _state["jax_hits"] += 1
+
+
+def jax_cache_hits() -> int:
+    """Programs jax's own cache has served so far. An executable it loaded cannot be
+    stored again (XLA:CPU serializes it without its code), so `compile_graph` compiles
+    one afresh to store when this moves during its compile."""
+    return _state["jax_hits"]
+
+
+# A compiler option set to its default value: it only makes jax's cache key differ, so
+# that jax compiles instead of loading (jax leaves the dump options out of its key).
+FRESH_OPTION = {"xla_backend_optimization_level": 3}
 
 
 def enabled() -> bool:
@@ -75,7 +102,7 @@ def _env() -> str:
                 if f.endswith(".py"):
                     with open(os.path.join(root, f), "rb") as fh:
                         h.update(f.encode() + fh.read())
-        for v in ("XLA_FLAGS", "XLA_USE_BF16", "XLA_DOWNCAST_BF16", "XLA_NO_SPECIAL_SCALARS"):
+        for v in ("XLA_FLAGS", "XLA_USE_BF16", "XLA_DOWNCAST_BF16", "XLA_NO_SPECIAL_SCALARS", "XLA_CHECK_INDICES"):
             h.update(f"{v}={config.raw(v) or ''}".encode())
         h.update(f"{jax.__version__}/{jaxlib.__version__}/{runtime.platform()}".encode())
         _state["env"] = h.hexdigest()
@@ -105,37 +132,91 @@ def _path(k: str) -> str:
     return os.path.join(_state["dir"], f"txj-{k}.exe")
 
 
+_MAGIC = b"torch-xla-jax executable 2\n"
+_EXCEPTIONS = {"IndexError": IndexError, "RuntimeError": RuntimeError}
+
+
+class _Stored:
+    """A program loaded from the cache: XLA's executable on one device, called on flat
+    arguments like the jax `Compiled` it was stored from."""
+
+    def __init__(self, exe, device, in_avals):
+        self.exe = exe
+        self.device = device
+        self.in_avals = in_avals
+
+    def __call__(self, *args):
+        jax = runtime.jax_module()
+        put = []
+        for a, (shape, dtype) in zip(args, self.in_avals):
+            if not isinstance(a, jax.Array) or a.devices() != {self.device}:
+                a = jax.device_put(np.asarray(a, dtype=dtype), self.device)
+            put.append(a)
+        return tuple(o[0] for o in self.exe.execute_sharded(put).disassemble_into_single_device_arrays())
+
+    def memory_analysis(self):
+        return self.exe.get_compiled_memory_stats()
+
+
 def load(k: str):
-    """The stored executable for key `k`, loaded on this process's device, or None."""
+    """(program, host side of its index checks) stored for key `k`, or None."""
     p = _path(k)
     if not os.path.exists(p):
         metrics.inc("PersistentCacheMiss")
         return None
     try:
-        from jax.experimental.serialize_executable import deserialize_and_load
         with open(p, "rb") as f:
-            payload, in_tree, out_tree = pickle.load(f)
-        exe = deserialize_and_load(payload, in_tree, out_tree)
-    except Exception:
+            blob = f.read()
+        if not blob.startswith(_MAGIC):
+            metrics.inc("PersistentCacheMiss")
+            return None
+        at = len(_MAGIC)
+        (n,) = struct.unpack_from("<Q", blob, at)
+        meta = json.loads(blob[at + 8:at + 8 + n].decode())
+        payload = blob[at + 8 + n:]
+        if hashlib.sha256(payload).hexdigest() != meta.get("sha256"):
+            # Truncated or corrupt: never hand it to XLA; the compile that follows replaces it.
+            metrics.inc("PersistentCacheMiss")
+            return None
+        jax = runtime.jax_module()
+        from jax._src.lib import xla_client as xc
+        device = {d.id: d for d in jax.local_devices()}[meta["device"]]
+        exe = device.client.deserialize_executable(payload, executable_devices=xc.DeviceList((device,)))
+        in_avals = [(tuple(s), runtime.jax_module().numpy.dtype(d)) for s, d in meta["in"]]
+        checks = None if meta["checks"] is None else [(_EXCEPTIONS[e], m, op, src) for e, m, op, src in meta["checks"]]
+    except Exception:  # noqa: BLE001  (unreadable: a miss)
         metrics.inc("PersistentCacheMiss")
         return None
     metrics.inc("PersistentExecutableHit")
     metrics.inc("PersistentCacheHit")
-    return exe
+    return _Stored(exe, device, in_avals), checks
 
 
-def store(k: str, compiled) -> None:
+def store(k: str, compiled, args, checks) -> None:
     if _state["readonly"]:
         return
     tmp = None
     try:
-        from jax.experimental.serialize_executable import serialize
-        data = pickle.dumps(serialize(compiled))
+        jax = runtime.jax_module()
+        if compiled.in_tree != jax.tree_util.tree_structure((tuple(args), {})):
+            return
+        exe = compiled.runtime_executable()
+        devices = exe.local_devices()
+        if len(devices) != 1 or any(e not in _EXCEPTIONS.values() for e, *_ in checks or ()):
+            return
+        meta = {"device": devices[0].id,
+                "in": [[list(np.shape(a)), str(np.asarray(a).dtype if not hasattr(a, "dtype") else a.dtype)]
+                       for a in args],
+                "checks": None if checks is None else [[e.__name__, m, op, src] for e, m, op, src in checks]}
+        payload = exe.serialize()
+        meta["sha256"] = hashlib.sha256(payload).hexdigest()
+        head = json.dumps(meta).encode()
+        data = _MAGIC + struct.pack("<Q", len(head)) + head + payload
         fd, tmp = tempfile.mkstemp(dir=_state["dir"], prefix=".txj-")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, _path(k))
-    except Exception:
+    except Exception:  # noqa: BLE001
         # A cache that cannot be written is only slower.
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
