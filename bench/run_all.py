@@ -26,6 +26,7 @@ SUITE = [
     ("inference", "bench_inference.py"),
     ("tracing", "bench_tracing.py"),
     ("cache", "bench_cache.py"),
+    ("first_step", "bench_first_step.py"),
     ("memory", "bench_memory.py"),
 ]
 
