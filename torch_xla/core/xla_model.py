@@ -260,7 +260,7 @@ def collective_broadcast(tensors: List[torch.Tensor], root_ordinal: int = 0, gro
         for t in tensors:
             # Every replica traces the same graph: the root is chosen by a device value,
             # not by Python control flow.
-            mine = send_cpu_data_to_device(torch.tensor(xr.global_ordinal() == root_ordinal), t.device)
+            mine = torch.tensor(xr.global_ordinal() == root_ordinal).to(t.device)
             t.copy_(all_reduce(REDUCE_SUM, torch.where(mine, t, torch.zeros_like(t)), groups=groups))
 
 
