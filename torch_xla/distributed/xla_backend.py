@@ -11,6 +11,12 @@ are the lazy collectives of `xm` (all_reduce, all_gather, ...): they become part
 the step's graph and every replica must issue them in the same order. Collectives on
 CPU tensors (used by `all_gather_object`, `broadcast_object_list`, ...) and send/recv
 go through the key-value store. Every returned Work is already complete.
+
+`dist.new_group(ranks)` gives a group whose XLA collectives run over `groups=` replica
+groups: every replica issues the collective within its own group of an even partition of
+the world (consecutive blocks or strided sets, found from `ranks`; or given with
+`pg_options={'xla_pg_options': {'mesh': [[...], ...]}}`). A group whose ranks tile nothing
+serves host data and send/recv only.
 """
 from __future__ import annotations
 
@@ -643,12 +649,12 @@ def _mesh_of(ranks: List[int], world: int, options) -> Optional[List[List[int]]]
 _new_group = dist.new_group
 
 
-def new_group(ranks=None, timeout=None, backend=None, pg_options=None, **kwargs):
+def new_group(ranks=None, timeout=None, backend=None, pg_options=None, *args, **kwargs):
     """torch.distributed.new_group, recording on an `xla` group the partition of the
     world its XLA collectives use. `pg_options={'xla_pg_options': {'spmd': True}}` asks
     for a group of an even partition (ValueError otherwise); `{'mesh': [[...], ...]}`
     gives the partition."""
-    pg = _new_group(ranks=ranks, timeout=timeout, backend=backend, pg_options=pg_options, **kwargs)
+    pg = _new_group(ranks, timeout, backend, pg_options, *args, **kwargs)
     if isinstance(pg, ProcessGroupXla) and ranks is not None:
         world = dist.get_world_size()
         ranks = sorted(int(r) for r in ranks)
