@@ -38,6 +38,13 @@ def _group_size(groups) -> int:
     return len(groups[0]) if groups else job.world_size()
 
 
+def _always() -> bool:
+    """XLA_ALWAYS_ALLREDUCE, read when the op is built: a static of the node, so programs
+    traced with and without it never share a compiled executable."""
+    from . import config
+    return bool(config.get("XLA_ALWAYS_ALLREDUCE"))
+
+
 def _assign(dst: torch.Tensor, value: torch.Tensor) -> None:
     """`dst` takes `value` (and its shape, as PyTorch/XLA's `output=` does)."""
     with torch.no_grad():
@@ -53,7 +60,8 @@ def all_reduce(reduce_type, inputs, scale=1.0, groups=None):
     tensors = [inputs] if single else list(inputs)
     outs = []
     for t in tensors:
-        (o,) = engine_op("xla::all_reduce", [t], (reduce_type, float(scale), g), [(t.shape, t.dtype)])
+        (o,) = engine_op("xla::all_reduce", [t], (reduce_type, float(scale), g, _always()),
+                         [(t.shape, t.dtype)])
         outs.append(o)
     if single:
         return outs[0]
@@ -63,20 +71,31 @@ def all_reduce(reduce_type, inputs, scale=1.0, groups=None):
 
 
 def all_gather(value, dim=0, groups=None, output=None):
-    if isinstance(value, (list, tuple)):  # coalesced: one gather per tensor, in one graph
-        if output is not None and len(output) != len(value):
-            raise ValueError(f"`output` length doesn't match `input` length: {len(output)} vs {len(value)}.")
-        outs = [all_gather(v, dim, groups, None if output is None else output[i]) for i, v in enumerate(value)]
-        return output if output is not None else outs
     g = _groups(groups)
     n = _group_size(g)
+
+    def gathered(v):
+        shape = list(v.shape)
+        if shape:
+            shape[dim % v.dim()] *= n
+        else:
+            shape = [n]
+        return tuple(shape), v.dtype
+
+    if isinstance(value, (list, tuple)):  # coalesced: one collective over every tensor
+        if output is not None and len(output) != len(value):
+            raise ValueError(f"`output` length doesn't match `input` length: {len(output)} vs {len(value)}.")
+        if not value:
+            return output if output is not None else []
+        outs = engine_op("xla::all_gather_coalesced", list(value), (dim, g, _always()),
+                         [gathered(v) for v in value])
+        if output is None:
+            return outs
+        for o, r in zip(output, outs):
+            _assign(o, r)
+        return output
     dim = dim % max(value.dim(), 1)
-    shape = list(value.shape)
-    if shape:
-        shape[dim] *= n
-    else:
-        shape = [n]
-    (o,) = engine_op("xla::all_gather", [value], (dim, g), [(tuple(shape), value.dtype)])
+    (o,) = engine_op("xla::all_gather", [value], (dim, g, _always()), [gathered(value)])
     if output is not None:
         _assign(output, o)
         return output
@@ -97,7 +116,7 @@ def reduce_scatter(reduce_type, input, scale, scatter_dim, shard_count, groups=N
                              f"shard_count {shard_count}")
         shape = list(t.shape)
         shape[d] //= shard_count
-        (o,) = engine_op("xla::reduce_scatter", [t], (reduce_type, float(scale), d, shard_count, g),
+        (o,) = engine_op("xla::reduce_scatter", [t], (reduce_type, float(scale), d, shard_count, g, _always()),
                          [(tuple(shape), t.dtype)])
         res.append(o)
     if output is not None:

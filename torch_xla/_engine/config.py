@@ -49,6 +49,10 @@ _VARS = [
     Var("XLA_FLAGS", "str", "", "XLA's own flags, passed to the compiler", cached=False),
     Var("XLA_COLLECTIVE_TIMEOUT_S", "int", 1800,
         "seconds a process waits for its peers (job start, collectives, shutdown)"),
+    Var("XLA_ALWAYS_ALLREDUCE", "bool", False,
+        "`1`: with one replica, collectives (all-reduce, all-gather, reduce-scatter) stay in the "
+        "program as XLA collectives over that replica instead of being left out (the HLO text "
+        "shows them)", cached=False),
     Var("XLA_CHECK_INDICES", "bool", True,
         "`0`: no in-range checks of gather / scatter / index / embedding / loss-target indices on "
         "the device (an out-of-range index then reads a clamped value instead of raising)"),

@@ -11,12 +11,19 @@ are the lazy collectives of `xm` (all_reduce, all_gather, ...): they become part
 the step's graph and every replica must issue them in the same order. Collectives on
 CPU tensors (used by `all_gather_object`, `broadcast_object_list`, ...) and send/recv
 go through the key-value store. Every returned Work is already complete.
+
+`dist.new_group(ranks)` gives a group whose XLA collectives run over `groups=` replica
+groups: every replica issues the collective within its own group of an even partition of
+the world (consecutive blocks or strided sets, found from `ranks`; or given with
+`pg_options={'xla_pg_options': {'mesh': [[...], ...]}}`). A group whose ranks tile nothing
+serves host data and send/recv only.
 """
 from __future__ import annotations
 
 import datetime
 import io
 import itertools
+import time
 from typing import List, Optional
 from urllib.parse import parse_qs, urlparse
 
@@ -41,9 +48,10 @@ __all__ = ["ProcessGroupXla", "XlaKVStore", "WorkXla", "make_xla_process_group"]
 class WorkXla(Work):
     """A finished piece of work: the collective is a lazy op already in the step graph."""
 
-    def __init__(self, result: Optional[List[torch.Tensor]] = None):
+    def __init__(self, result: Optional[List[torch.Tensor]] = None, source_rank: int = -1):
         super().__init__()
         self._result = result if result is not None else []
+        self._source = source_rank
         self._future = torch.futures.Future()
         self._future.set_result(self._result)
 
@@ -67,6 +75,13 @@ class WorkXla(Work):
 
     def synchronize(self):
         return None
+
+    def _source_rank(self):
+        """The group rank a receive from any source got its data from."""
+        return self._source
+
+    def source_rank(self):
+        return self._source
 
 
 # ---- a torch.distributed Store on the coordination service -------------------------------
@@ -214,14 +229,22 @@ def _loads(b: bytes) -> torch.Tensor:
 
 
 class ProcessGroupXla(ProcessGroup):
-    """torch.distributed process group over all replicas, with XLA collectives."""
+    """torch.distributed process group with XLA collectives.
 
-    def __init__(self, store, rank: int, size: int, timeout=None):
+    `_mesh` is the partition of the world into groups that the group's XLA collectives
+    run over (the `groups=` of the xm collectives): every replica issues the collective,
+    each within its own group of the partition. `[]` means all replicas; `None` (a
+    subgroup that does not partition the world evenly) leaves XLA collectives
+    unavailable, since every replica of one program must issue the same collective.
+    """
+
+    def __init__(self, prefix_store, rank: int, size: int, timeout=None):
         super().__init__(rank, size)
-        self._store = store
+        self._store = prefix_store
         self._timeout = timeout
         self._rank = rank
         self._size = size
+        self._mesh = []
         self._p2p_seq = {}
         self._host_seq = itertools.count()
 
@@ -233,10 +256,32 @@ class ProcessGroupXla(ProcessGroup):
         return "xla"
 
     # -- helpers --------------------------------------------------------------------------
+    def _members(self) -> List[int]:
+        """The global ranks of this group, in group-rank order."""
+        try:
+            return list(dist.get_process_group_ranks(self))
+        except (RuntimeError, ValueError, KeyError):  # not registered with torch.distributed
+            return list(range(self._size))
+
+    def _groups(self):
+        """The `groups=` of this group's XLA collectives (None: all replicas)."""
+        if self._mesh is None:
+            raise ValueError(
+                f"process group over ranks {self._members()} does not split the world evenly, so its "
+                "collectives on XLA tensors cannot be issued by every replica; create it with ranks "
+                "that tile the world (e.g. pg_options={'xla_pg_options': {'spmd': True}}) or pass a "
+                "mesh (pg_options={'xla_pg_options': {'mesh': [[...], ...]}})")
+        if not self._mesh or len(self._mesh) == 1:
+            return None
+        return self._mesh
+
     def _host_gather(self, t: torch.Tensor, what: str) -> List[torch.Tensor]:
-        """Every replica's copy of a host tensor, through the key-value store."""
+        """Every member's copy of a host tensor, through the key-value store."""
+        members = self._members()
         tag = f"torch_xla/pg/{what}"
-        payloads = _coll.rendezvous(tag, _dumps(t))
+        if len(members) != xr.world_size():  # a subgroup: its own tags, its members only
+            tag += "/" + ",".join(map(str, members))
+        payloads = _coll.rendezvous(tag, _dumps(t), replicas=members)
         return [_loads(p) for p in payloads]
 
     @staticmethod
@@ -261,7 +306,7 @@ class ProcessGroupXla(ProcessGroup):
         for t in tensors:
             k = xm.REDUCE_OR if (kind == xm.REDUCE_SUM and t.dtype == torch.bool) else kind
             if _is_xla(t):
-                r = xm.all_reduce(k, _fv(t), scale=scale)
+                r = xm.all_reduce(k, _fv(t), scale=scale, groups=self._groups())
                 self._assign(t, r)
                 results.append(r)
             else:
@@ -275,15 +320,17 @@ class ProcessGroupXla(ProcessGroup):
         return WorkXla(results)
 
     def allreduce_coalesced(self, tensors, opts=None):
+        if not isinstance(tensors, (list, tuple)):
+            raise TypeError(f"allreduce_coalesced(): expected a list of tensors, got {type(tensors).__name__}")
         return self.allreduce(tensors, opts)
 
     # -- all_gather -----------------------------------------------------------------------
     def allgather(self, output_tensors_lists, input_tensors, opts=None):
         for outs, inp in zip(output_tensors_lists, input_tensors):
             if _is_xla(inp):
-                g = xm.all_gather(_fv(inp).reshape(1, -1), dim=0)  # (world, numel)
-                for i, o in enumerate(outs):
-                    self._assign(o, g[i])
+                g = xm.all_gather(_fv(inp).reshape(1, -1), dim=0, groups=self._groups())  # (n, numel)
+                for o, part in zip(outs, g):
+                    self._assign(o, part)
             else:
                 parts = self._host_gather(inp, "allgather")
                 for o, p in zip(outs, parts):
@@ -291,11 +338,20 @@ class ProcessGroupXla(ProcessGroup):
         return WorkXla([t for outs in output_tensors_lists for t in outs])
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
+        """One collective gathers every XLA input (flattened, along dim 0)."""
+        if input_list and all(_is_xla(t) for t in input_list):
+            flat = [_fv(t).reshape(-1) for t in input_list]
+            gathered = xm.all_gather(flat, dim=0, groups=self._groups())
+            for outs, inp, g in zip(output_lists, input_list, gathered):
+                for o, part in zip(outs, g.reshape(-1, max(inp.numel(), 1))):
+                    self._assign(o, part)
+            return WorkXla([t for outs in output_lists for t in outs])
         return self.allgather(output_lists, input_list, opts)
 
     def _allgather_base(self, output, input, opts=None):
         if _is_xla(input):
-            self._assign(output, xm.all_gather(_fv(input).reshape((1,) + tuple(input.shape)), dim=0))
+            self._assign(output, xm.all_gather(_fv(input).reshape((1,) + tuple(input.shape)), dim=0,
+                                               groups=self._groups()))
         else:
             parts = self._host_gather(input, "allgather_base")
             self._assign(output, torch.cat([p.reshape(1, -1) for p in parts]))
@@ -313,7 +369,7 @@ class ProcessGroupXla(ProcessGroup):
         if scale is None:
             scale = 1.0 / self._size
         if _is_xla(stacked):
-            r = xm.reduce_scatter(kind, _fv(stacked), scale, 0, self._size)
+            r = xm.reduce_scatter(kind, _fv(stacked), scale, 0, self._size, groups=self._groups())
             self._assign(output, r[0])
         else:
             parts = self._host_gather(stacked, "reduce_scatter")
@@ -345,10 +401,10 @@ class ProcessGroupXla(ProcessGroup):
         Every replica builds the same graph (the choice is a device value, not Python
         control flow): replicas of one SPMD program must trace identical graphs.
         """
-        is_root = torch.tensor(self._rank == root).to(t.device)
+        is_root = torch.tensor(self.rank() == root).to(t.device)
         contrib = torch.where(is_root, t, torch.zeros_like(t))
         kind = xm.REDUCE_OR if t.dtype == torch.bool else xm.REDUCE_SUM
-        return xm.all_reduce(kind, contrib)
+        return xm.all_reduce(kind, contrib, groups=self._groups())
 
     def broadcast(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
@@ -370,8 +426,8 @@ class ProcessGroupXla(ProcessGroup):
         root = opts.rootRank if opts is not None else 0
         for outs, inp in zip(output_tensors_lists, input_tensors):
             if _is_xla(inp):
-                g = xm.all_gather(_fv(inp).reshape(1, -1), dim=0)
-                parts = [g[i] for i in range(self._size)]
+                g = xm.all_gather(_fv(inp).reshape(1, -1), dim=0, groups=self._groups())
+                parts = list(g)
             else:
                 parts = self._host_gather(inp, "gather")
             if self._rank == root:
@@ -403,7 +459,7 @@ class ProcessGroupXla(ProcessGroup):
                 raise NotImplementedError("the xla process group supports all_to_all_single with equal "
                                           f"splits only, got {list(splits)}")
         if _is_xla(input):
-            self._assign(output, xm.all_to_all(_fv(input), 0, 0, n))
+            self._assign(output, xm.all_to_all(_fv(input), 0, 0, n, groups=self._groups()))
         else:
             parts = self._host_gather(input, "alltoall")
             self._assign(output, torch.cat([p.chunk(n)[self._rank] for p in parts]))
@@ -416,7 +472,7 @@ class ProcessGroupXla(ProcessGroup):
             if len(shapes) != 1:
                 raise NotImplementedError("the xla process group supports all_to_all with equal shapes only")
             stacked = torch.stack([_fv(t) for t in input_tensors])  # (n, ...)
-            r = xm.all_to_all(stacked, 0, 0, n)
+            r = xm.all_to_all(stacked, 0, 0, n, groups=self._groups())
             for i, o in enumerate(output_tensors):
                 self._assign(o, r[i])
         else:
@@ -444,7 +500,7 @@ class ProcessGroupXla(ProcessGroup):
     # -- barrier / point to point --------------------------------------------------------
     def barrier(self, opts=None):
         if self._size > 1:
-            _coll.rendezvous("torch_xla/pg/barrier")
+            self._host_gather(torch.zeros(0), "barrier")
         return WorkXla([])
 
     def _next_seq(self, a: int, b: int) -> int:
@@ -454,18 +510,60 @@ class ProcessGroupXla(ProcessGroup):
         return s
 
     def send(self, tensors, dst, tag=0):
+        # Keys name global ranks: messages of different groups between the same pair of
+        # processes keep one sequence per (sender, receiver, tag).
         client = _job.kv_client()
+        members = self._members()
+        me, to = members[self._rank], members[dst]
         for t in tensors:
-            seq = self._next_seq(self._rank, dst)
-            client.key_value_set_bytes(f"torch_xla/pg/p2p/{self._rank}->{dst}/{tag}/{seq}", _dumps(t))
+            seq = self._next_seq(me, to)
+            client.key_value_set_bytes(f"torch_xla/pg/p2p/{me}->{to}/{tag}/{seq}", _dumps(t))
         return WorkXla(list(tensors))
+
+    def recv_anysource(self, tensors, tag=0):
+        """Receives from whichever member sent first (polling every member's next message)."""
+        if not isinstance(tensors, (list, tuple)) or len(tensors) != 1:
+            raise TypeError("recv_anysource(): expected a list of one tensor")
+        client = _job.kv_client()
+        members = self._members()
+        me = members[self._rank]
+        deadline = time.monotonic() + _job.collective_timeout_s()
+        pause = 0.001
+        while True:
+            for grank, src in enumerate(members):
+                if src == me:
+                    continue
+                key = f"torch_xla/pg/p2p/{src}->{me}/{tag}/{self._p2p_seq.get((src, me), 0)}"
+                try:
+                    data = client.key_value_try_get_bytes(key)
+                except Exception:  # noqa: BLE001 - not there yet
+                    data = None
+                if data is None:
+                    continue
+                self._next_seq(src, me)
+                try:
+                    client.key_value_delete(key)
+                except Exception:  # noqa: BLE001
+                    pass
+                self._assign(tensors[0], _loads(data).to(tensors[0].device))
+                return WorkXla(list(tensors), source_rank=grank)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"recv from any source: nothing arrived within {_job.collective_timeout_s()} s")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+
+    def monitored_barrier(self, *args, **kwargs):
+        # torch.distributed.monitored_barrier runs on gloo groups only.
+        raise NotImplementedError("monitored_barrier is implemented by the gloo backend only; use barrier()")
 
     def recv(self, tensors, src, tag=0):
         client = _job.kv_client()
         ms = _job.collective_timeout_s() * 1000
+        members = self._members()
+        me, src = members[self._rank], members[src]
         for t in tensors:
-            seq = self._next_seq(src, self._rank)
-            key = f"torch_xla/pg/p2p/{src}->{self._rank}/{tag}/{seq}"
+            seq = self._next_seq(src, me)
+            key = f"torch_xla/pg/p2p/{src}->{me}/{tag}/{seq}"
             try:
                 data = client.blocking_key_value_get_bytes(key, ms)
             except Exception as e:
@@ -497,18 +595,73 @@ def _start_runtime() -> None:
     _runtime.jax_module()  # joins the job and warms up the communicators
 
 
-def make_xla_process_group(store, rank, size, timeout):
+def make_xla_process_group(prefix_store, rank, size, timeout):
     """The creator registered for the `xla` backend (called by init_process_group/new_group)."""
     _refuse_in_spmd()
-    world = xr.world_size()
-    if size < world:
-        raise NotImplementedError(
-            f"the xla backend supports process groups over all {world} replicas only (got a group "
-            f"of {size}); use xm collectives with `groups=` for subgroups")
-    _check_job(rank, size)
-    if size > 1:
+    if not dist.is_initialized():  # the default group: it is the runtime's world
+        _check_job(rank, size)
+    if xr.world_size() > 1:
         _start_runtime()
-    return ProcessGroupXla(store, rank, size, timeout)
+    return ProcessGroupXla(prefix_store, rank, size, timeout)
+
+
+def _tiling(ranks: List[int], world: int) -> List[List[int]]:
+    """The even partition of range(world) that has `ranks` (sorted, 1 < len < world) as
+    a group: consecutive blocks or a strided set. ValueError when there is none."""
+    k = len(ranks)
+    step = ranks[1] - ranks[0]
+    if step > 0 and all(b - a == step for a, b in zip(ranks, ranks[1:])):
+        if step == 1 and world % k == 0 and ranks[0] % k == 0:
+            return [list(range(i, i + k)) for i in range(0, world, k)]
+        if step * k == world and ranks[0] < step:
+            return [list(range(j, world, step)) for j in range(step)]
+    raise ValueError(f"ranks {ranks} are not one group of an even partition of the {world} ranks "
+                     "(consecutive blocks or a strided set)")
+
+
+def _check_mesh(mesh, ranks: List[int], world: int) -> List[List[int]]:
+    mesh = [[int(r) for r in g] for g in mesh]
+    flat = sorted(r for g in mesh for r in g)
+    if flat != list(range(world)) or len({len(g) for g in mesh}) != 1:
+        raise ValueError(f"mesh {mesh} is not a partition of the {world} ranks into groups of one size")
+    if ranks not in mesh:
+        raise ValueError(f"mesh {mesh} has no group {ranks}")
+    return mesh
+
+
+def _mesh_of(ranks: List[int], world: int, options) -> Optional[List[List[int]]]:
+    """The partition a new group's XLA collectives run over (see ProcessGroupXla)."""
+    if ranks == list(range(world)):
+        return [ranks]
+    if len(ranks) == 1:
+        return [[r] for r in range(world)]
+    opts = options.get("xla_pg_options", {}) if isinstance(options, dict) else {}
+    if opts.get("mesh") is not None:
+        return _check_mesh(opts["mesh"], ranks, world)
+    if opts.get("spmd"):
+        return _tiling(ranks, world)
+    try:
+        return _tiling(ranks, world)
+    except ValueError:
+        return None  # usable for host data and point to point; XLA collectives refuse
+
+
+_new_group = dist.new_group
+
+
+def new_group(ranks=None, timeout=None, backend=None, pg_options=None, *args, **kwargs):
+    """torch.distributed.new_group, recording on an `xla` group the partition of the
+    world its XLA collectives use. `pg_options={'xla_pg_options': {'spmd': True}}` asks
+    for a group of an even partition (ValueError otherwise); `{'mesh': [[...], ...]}`
+    gives the partition."""
+    pg = _new_group(ranks, timeout, backend, pg_options, *args, **kwargs)
+    if isinstance(pg, ProcessGroupXla) and ranks is not None:
+        world = dist.get_world_size()
+        ranks = sorted(int(r) for r in ranks)
+        if any(not 0 <= r < world for r in ranks):
+            raise ValueError(f"ranks {ranks} out of range for a world of {world}")
+        pg._mesh = _mesh_of(ranks, world, pg_options)
+    return pg
 
 
 class SpmdProcessGroupError(RuntimeError, AssertionError):
@@ -550,6 +703,7 @@ def _register() -> None:
     if "xla" not in dist.Backend.backend_list or not hasattr(dist.Backend, "XLA") or \
             "XLA" not in getattr(dist.Backend, "_plugins", {}):
         dist.Backend.register_backend("xla", make_xla_process_group, devices=["xla"])
+    dist.new_group = new_group
     try:
         dist.register_rendezvous_handler("xla", _xla_rendezvous_handler)
     except RuntimeError:

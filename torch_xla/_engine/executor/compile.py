@@ -57,6 +57,8 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple, metric: str = "Co
     """Lowers and compiles `graph` (or loads it from the persistent cache); `metric` times
     the compilation (`EagerOpCompileTime` for an op run by eager mode)."""
     jax = runtime.jax_module()
+    if graph.has_collective:
+        _check_replica_groups(graph)
     pol = platform_policy()
     pkey = None
     if persistent.enabled() and strategy.persistable:
@@ -102,6 +104,30 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple, metric: str = "Co
             compiled = lowered.compile(compiler_options={**opts, **persistent.FRESH_OPTION})
         persistent.store(pkey, compiled, args, graph.checks)
     return Executable(compiled, donate, pol.paced_bytes(compiled), graph.checks)
+
+
+# Where each collective keeps its replica groups among its static arguments.
+_GROUPS_AT = {"xla::all_reduce": 2, "xla::all_gather": 1, "xla::all_gather_coalesced": 1,
+              "xla::reduce_scatter": 4, "xla::all_to_all": 3}
+
+
+def _check_replica_groups(graph: Graph) -> None:
+    """Refuses to run collectives whose replica groups name replicas this job lacks (a
+    graph traced for a larger world can be printed, not run: XLA would not exchange
+    anything with replicas that do not exist)."""
+    from .. import job
+    from ..ir import Ref
+    world = job.world_size()
+    for node in graph.order:
+        at = _GROUPS_AT.get(node.op)
+        if at is None:
+            continue
+        statics = [a for a in node.args if type(a) is not Ref]
+        groups = statics[at] if at < len(statics) else None
+        if groups and len(groups[0]) > 1 and any(r >= world for g in groups for r in g):
+            raise RuntimeError(f"{node.op.split('::')[1]}: replica groups {[list(g) for g in groups]} name "
+                               f"replicas beyond this job's {world}; such a program can be lowered to "
+                               "text but not run here")
 
 
 def _optimized(lowered, opts: dict):

@@ -7,8 +7,8 @@ import numpy as np
 
 from .. import ir, runtime
 
-COLLECTIVE_OPS = frozenset({"xla::all_reduce", "xla::all_gather", "xla::reduce_scatter",
-                            "xla::all_to_all", "xla::collective_permute"})
+COLLECTIVE_OPS = frozenset({"xla::all_reduce", "xla::all_gather", "xla::all_gather_coalesced",
+                            "xla::reduce_scatter", "xla::all_to_all", "xla::collective_permute"})
 
 
 class Graph:

@@ -2,8 +2,11 @@
 
 In a multi-process job the executor compiles a graph that holds a collective as an
 SPMD program over the mesh of all processes' devices (axis 'r'); each process feeds
-its own buffers as its shard. With one replica there is no axis and every
-collective is the identity.
+its own buffers as its shard. With one replica there is no axis: a collective is the
+identity, unless XLA_ALWAYS_ALLREDUCE asks to keep it or its replica groups name more
+replicas than the process has (a program traced for a larger world). Then it is lowered
+to the XLA collective itself (`_replica_op`) with those replica groups: its text can be
+printed, and the executor refuses to run groups that name missing replicas.
 """
 from __future__ import annotations
 
@@ -62,18 +65,114 @@ def _reduce(x, reduce_type, axis, groups):
     return slow(_gather_group(x, axis, groups)).astype(x.dtype)
 
 
+# ---- XLA collectives over the replicas of a one-process program ------------------------
+
+def _replica_prim():
+    """A jax primitive lowered to one XLA collective (all-reduce, all-gather or
+    reduce-scatter) over explicit replica groups, outside any mapped axis."""
+    global _PRIM
+    if _PRIM is not None:
+        return _PRIM
+    from jax.extend import core as jcore
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import hlo
+    from jax._src import core
+
+    prim = jcore.Primitive("xla_replica_collective")
+    prim.multiple_results = True
+
+    def abstract(*xs, kind, reduce_type, groups, dim, n):
+        out = []
+        for x in xs:
+            shape = list(x.shape)
+            if kind == "all_gather":
+                shape[dim] *= n
+            elif kind == "reduce_scatter":
+                shape[dim] //= n
+            out.append(core.ShapedArray(tuple(shape), x.dtype))
+        return out
+
+    def groups_attr(groups):
+        arr = np.asarray(groups, np.int64) if groups else np.zeros((0, 0), np.int64)
+        return ir.DenseIntElementsAttr.get(arr, type=ir.IntegerType.get_signless(64), shape=arr.shape)
+
+    def reducer(op, ctx_, dtype, reduce_type):
+        scalar = core.ShapedArray((), dtype)
+        ty = mlir.aval_to_ir_type(ctx_.module_context, scalar)
+        block = op.regions[0].blocks.append(ty, ty)
+        with ir.InsertionPoint(block):
+            fn = mlir.lower_fun(_SCALAR_REDUCERS[reduce_type], multiple_results=False)
+            out = fn(ctx_.replace(primitive=None, avals_in=[scalar, scalar], avals_out=[scalar]),
+                     *block.arguments)
+            flat, _ = mlir.ir_tree_registry.flatten(out)
+            hlo.return_(flat)
+
+    def lower(ctx_, *xs, kind, reduce_type, groups, dim, n):
+        types = [mlir.aval_to_ir_type(ctx_.module_context, a) for a in ctx_.avals_out]
+        if kind == "all_reduce":
+            op = hlo.AllReduceOp(types, list(xs), replica_groups=groups_attr(groups))
+            reducer(op, ctx_, ctx_.avals_in[0].dtype, reduce_type)
+            return list(op.results)
+        if kind == "all_gather":
+            return list(hlo.AllGatherOp(types, list(xs), all_gather_dim=mlir.i64_attr(dim),
+                                        replica_groups=groups_attr(groups)).results)
+        op = hlo.ReduceScatterOp(types[0], xs[0], scatter_dimension=mlir.i64_attr(dim),
+                                 replica_groups=groups_attr(groups))
+        reducer(op, ctx_, ctx_.avals_in[0].dtype, reduce_type)
+        return [op.result]
+
+    prim.def_abstract_eval(abstract)
+    mlir.register_lowering(prim, lower)
+    _PRIM = prim
+    return prim
+
+
+_PRIM = None
+
+_SCALAR_REDUCERS = {
+    "sum": lambda a, b: a + b if a.dtype != jnp.bool_ else a | b,
+    "mul": lambda a, b: a * b if a.dtype != jnp.bool_ else a & b,
+    "max": jnp.maximum,
+    "min": jnp.minimum,
+    "and": lambda a, b: a & b,
+    "or": lambda a, b: a | b,
+}
+
+
+def _keeps_op(groups, always) -> bool:
+    """Whether a collective outside a replica axis is lowered to the XLA collective."""
+    return ctx.axis is None and (bool(always) or bool(groups and len(groups[0]) > 1))
+
+
+def _replica_op(xs, kind, groups, reduce_type="sum", dim=0, n=1):
+    # One-member groups behave as the single replica: `{}` (all replicas) runs everywhere.
+    g = groups if groups and len(groups[0]) > 1 else ()
+    return _replica_prim().bind(*xs, kind=kind, reduce_type=reduce_type, groups=g, dim=dim, n=n)
+
+
 @lowering("xla::all_reduce")
-def all_reduce(x, reduce_type, scale, groups):
+def all_reduce(x, reduce_type, scale, groups, always=False):
     axis = ctx.axis
-    y = x if axis is None else _reduce(x, reduce_type, axis, groups)
+    if _keeps_op(groups, always):
+        (y,) = _replica_op([x], "all_reduce", groups, reduce_type)
+    else:
+        y = x if axis is None else _reduce(x, reduce_type, axis, groups)
     if scale != 1.0:
         y = (y * scale).astype(x.dtype)
     return y
 
 
 @lowering("xla::all_gather")
-def all_gather(x, dim, groups):
+def all_gather(x, dim, groups, always=False):
     axis = ctx.axis
+    if _keeps_op(groups, always):
+        n = len(groups[0]) if groups else 1
+        if x.ndim == 0:
+            (y,) = _replica_op([jnp.reshape(x, (1,))], "all_gather", groups, dim=0, n=n)
+            return y
+        (y,) = _replica_op([x], "all_gather", groups, dim=dim, n=n)
+        return y
     if axis is None:
         return x
     g = _gather_group(x, axis, groups)  # (n, ...)
@@ -81,10 +180,22 @@ def all_gather(x, dim, groups):
     return jnp.concatenate(parts, axis=dim) if x.ndim else jnp.stack(parts)
 
 
+@lowering("xla::all_gather_coalesced")
+def all_gather_coalesced(*args):
+    """Several tensors gathered by one collective (a tuple-shaped all-gather)."""
+    xs, (dim, groups, always) = args[:-3], args[-3:]
+    if _keeps_op(groups, always) and xs and all(x.ndim and dim % x.ndim == dim % xs[0].ndim for x in xs):
+        n = len(groups[0]) if groups else 1
+        return tuple(_replica_op(list(xs), "all_gather", groups, dim=dim % xs[0].ndim, n=n))
+    return tuple(all_gather(x, dim % max(x.ndim, 1), groups, always) for x in xs)
+
+
 @lowering("xla::reduce_scatter")
-def reduce_scatter(x, reduce_type, scale, dim, shard_count, groups):
+def reduce_scatter(x, reduce_type, scale, dim, shard_count, groups, always=False):
     axis = ctx.axis
-    if axis is None:
+    if _keeps_op(groups, always):
+        (y,) = _replica_op([x], "reduce_scatter", groups, reduce_type, dim=dim, n=shard_count)
+    elif axis is None:
         y = x
     else:
         total = _reduce(x, reduce_type, axis, groups)
