@@ -22,6 +22,13 @@ def test_block_diag_complex_polar_mvlgamma_sign():
     assert _no_fallback() == []
 
 
+def test_sign_of_nan_is_zero():
+    x = torch.tensor([float("nan"), -0.0, 0.0, 2.0, float("-inf"), -3.0])
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        check_op(torch.sign, x.to(dtype))
+        check_op(torch.sgn, x.to(dtype))
+
+
 def test_ops_served_by_torch_decompositions():
     """Ops without a lowering of their own run their torch._decomp decomposition on the
     device (counted as decomposed::<op>), never the CPU."""
