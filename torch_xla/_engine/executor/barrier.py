@@ -68,7 +68,7 @@ def execute(states: List[XlaState], barrier: bool = False, metric: str = "Execut
             return execute([s for s in states if (id(s.node), s.idx) not in stuck], barrier=True,
                            metric=metric, why=why)
     t0 = _now()
-    args = graph.param_values()
+    args = graph.param_values(on_device=strategy is strategies.LOCAL)
     donate = donatable(graph) if barrier and strategy.donates else ()
     metrics.add_sample("InputOutputAliasCount", len(donate))
     args = strategy.to_args(args, graph)
