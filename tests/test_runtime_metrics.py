@@ -62,6 +62,22 @@ def test_scalars_are_sent_to_the_device_once(dev):
     assert len(graph._SCALARS) <= graph.SCALAR_CACHE_SIZE
 
 
+def test_execute_time_lasts_until_the_run_ends(dev):
+    import time
+    a = torch.randn(1500, 1500, device=dev)
+    torch_xla.sync()
+    met.clear_all()
+    t0 = time.perf_counter_ns()
+    m = (a @ a @ a @ a).mean()
+    torch_xla.sync()
+    m.cpu()
+    wall = time.perf_counter_ns() - t0
+    n, total, _ = met.metric_data("ExecuteTime")
+    assert n == 1 and 0 < total <= wall
+    before = met.metric_data("CompileTime")[1]
+    assert total > 0.3 * (wall - before)      # the run itself, not just its dispatch
+
+
 def test_lazy_tracing_times_transfers_and_first_calls(dev):
     met.clear_all()
     t = torch.tensor(156, device=dev)

@@ -124,6 +124,7 @@ def step() -> None:
         return
     from .. import metrics
     from ..metrics_report import format_report
+    metrics.settle()   # the step's run included (a debugging file: waiting is acceptable)
     with open(path, "a") as fh:
         fh.write(format_report(sorted(metrics.metrics), sorted(metrics.counters)))
 
