@@ -74,3 +74,14 @@ def test_equal_and_ctc_loss_with_tensor_lengths():
     il, tl = torch.tensor([12, 10]), torch.tensor([4, 3])
     check_flat(lambda x, t, i, l: F.ctc_loss(x, t, i, l), lp, tg, il, tl, grad=True,
                allow=("aten::_local_scalar_dense",), rtol=1e-5, atol=1e-5)
+
+
+def test_arange_of_a_non_finite_bound_raises_as_on_cpu():
+    import re
+    import pytest
+    for args in [(-5, float("nan")), (float("nan"), 5), (0, float("inf")), (float("nan"),), (5, 1)]:
+        with pytest.raises(RuntimeError) as cpu:
+            torch.arange(*args)
+        with pytest.raises(RuntimeError, match=re.escape(str(cpu.value))):
+            torch.arange(*args, device="xla")
+    assert torch.arange(0, 1, 0.25, device="xla").cpu().tolist() == [0.0, 0.25, 0.5, 0.75]
