@@ -85,3 +85,16 @@ def test_arange_of_a_non_finite_bound_raises_as_on_cpu():
         with pytest.raises(RuntimeError, match=re.escape(str(cpu.value))):
             torch.arange(*args, device="xla")
     assert torch.arange(0, 1, 0.25, device="xla").cpu().tolist() == [0.0, 0.25, 0.5, 0.75]
+
+
+def test_flip_errors_and_scalars_as_on_cpu():
+    import re
+    import pytest
+    x = torch.arange(8).view(2, 2, 2)
+    for dims in [(0, 1, 1), (0, -2, 1), (5, 1, 1), (1, 1, 5)]:
+        with pytest.raises(Exception) as cpu:
+            x.flip(dims)
+        with pytest.raises(type(cpu.value), match=re.escape(str(cpu.value))):
+            x.to("xla").flip(dims)
+    check_op(lambda t: t.flip((2, 0)), x)
+    check_op(lambda t: t.flip(0), torch.tensor(3.0))
