@@ -866,3 +866,20 @@ def test_persistent_cache_second_process_loads_executables(tmp_path):
         opt.zero_grad(); loss = torch.nn.functional.cross_entropy(m(x), y); loss.backward(); opt.step()
         ref.append(loss.item())
     torch.testing.assert_close(torch.tensor(l1), torch.tensor(ref), rtol=1e-5, atol=1e-6)
+
+
+def test_repeat_with_fixed_output_size_matches_repeat_interleave():
+    import torch_xla.debug.metrics as met
+    from torch_xla.experimental.custom_kernel import repeat_with_fixed_output_size
+    x = torch.randn(10)
+    for repeats, total in [([0, 1, 2, 0, 4, 0, 6, 7, 8, 9], 20), ([0, 5, 2, 0, 4, 9, 6, 7, 8, 0], 50),
+                           ([3, 6, 2, 14, 27, 47, 8, 28, 0, 0], 135)]:
+        r = torch.tensor(repeats)
+        met.clear_all()
+        got = repeat_with_fixed_output_size(x.to("xla"), r.to("xla"), total)
+        assert not [c for c in met.counter_names() if c.startswith("aten::")]
+        want = torch.repeat_interleave(x, r)[:total]
+        want = torch.cat([want, x[-1].repeat(total - want.numel())])
+        assert torch.equal(got.cpu(), want)
+    with pytest.raises(ValueError):
+        repeat_with_fixed_output_size(x.view(2, 5).to("xla"), torch.tensor([1, 1]).to("xla"), 3)
