@@ -893,3 +893,20 @@ def test_persistent_cache_corrupt_entries_are_recompiled_and_replaced(tmp_path):
     assert (hits2, comp2) == (0, 2) and l2 == l1
     l3, hits3, comp3 = run()
     assert (hits3, comp3) == (2, 0) and l3 == l1
+
+
+def test_repeat_with_fixed_output_size_matches_repeat_interleave():
+    import torch_xla.debug.metrics as met
+    from torch_xla.experimental.custom_kernel import repeat_with_fixed_output_size
+    x = torch.randn(10)
+    for repeats, total in [([0, 1, 2, 0, 4, 0, 6, 7, 8, 9], 20), ([0, 5, 2, 0, 4, 9, 6, 7, 8, 0], 50),
+                           ([3, 6, 2, 14, 27, 47, 8, 28, 0, 0], 135)]:
+        r = torch.tensor(repeats)
+        met.clear_all()
+        got = repeat_with_fixed_output_size(x.to("xla"), r.to("xla"), total)
+        assert not [c for c in met.counter_names() if c.startswith("aten::")]
+        want = torch.repeat_interleave(x, r)[:total]
+        want = torch.cat([want, x[-1].repeat(total - want.numel())])
+        assert torch.equal(got.cpu(), want)
+    with pytest.raises(ValueError):
+        repeat_with_fixed_output_size(x.view(2, 5).to("xla"), torch.tensor([1, 1]).to("xla"), 3)

@@ -255,3 +255,27 @@ def test_debug_env_vars_are_registered():
                  "XLA_USE_EAGER_DEBUG_MODE", "XLA_DUMP_HLO_GRAPH", "TF_CPP_MIN_LOG_LEVEL", "TF_CPP_VMODULE",
                  "TF_CPP_LOG_THREAD_ID", "XLA_DYNAMO_DEBUG"):
         assert name in config.VARS, name
+
+
+_DEVICE_TYPES_SET_AFTER_IMPORT = r"""
+import os, torch, torch_xla
+os.environ["XLA_DOWNCAST_BF16"] = "1"     # set after import, before the first float tensor
+os.environ["XLA_USE_32BIT_LONG"] = "1"
+x = torch.tensor([2.5, 3.5], dtype=torch.float64, device="xla")
+i = torch.arange(6, device="xla")
+text = torch_xla._XLAC._get_xla_tensors_text([x * 2, i + 1])
+r = (i * 7 + 3).cpu()
+assert r.dtype == torch.int64 and r.tolist() == (torch.arange(6) * 7 + 3).tolist(), r
+assert (x * 2).cpu().tolist() == [5.0, 7.0]
+os.environ["XLA_DOWNCAST_BF16"] = "0"     # fixed once the first such tensor exists
+y = torch.tensor([1.0], dtype=torch.float64, device="xla")
+print(text + torch_xla._XLAC._get_xla_tensors_text([y]))
+"""
+
+
+def test_device_dtype_variables_are_read_at_the_first_tensor(tmp_path):
+    out = _run(_DEVICE_TYPES_SET_AFTER_IMPORT, tmp_path)
+    lines = [ln for ln in out.stdout.splitlines() if "device_data" in ln]
+    assert any("f32[2]" in ln for ln in lines), out.stdout
+    assert any("s32[6]" in ln for ln in out.stdout.splitlines()), out.stdout
+    assert "f32[1] xla::device_data()" in out.stdout, out.stdout

@@ -236,3 +236,15 @@ def test_eager_mode_checks():
             y.cpu()
     finally:
         torch_xla.experimental.eager_mode(False)
+
+
+def test_indexing_that_reads_nothing_checks_nothing():
+    """The CPU checks only the indices it reads: a result with no elements is no error,
+    whatever the (broadcast) index tensors hold."""
+    x = torch.rand(10, 0, 10, 10)
+    i0, i1 = torch.randint(0, 100, (5, 0, 5)), torch.randint(0, 100, (5, 1, 1))
+    out = x[:, i0, :, i1]
+    got = x.to("xla")[:, i0.to("xla"), :, i1.to("xla")]
+    assert got.cpu().shape == out.shape
+    e = torch.zeros(3, 0)
+    assert e.to("xla")[torch.tensor([9], device="xla")].cpu().shape == e[torch.tensor([9])].shape

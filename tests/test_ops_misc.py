@@ -22,6 +22,13 @@ def test_block_diag_complex_polar_mvlgamma_sign():
     assert _no_fallback() == []
 
 
+def test_sign_of_nan_is_zero():
+    x = torch.tensor([float("nan"), -0.0, 0.0, 2.0, float("-inf"), -3.0])
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        check_op(torch.sign, x.to(dtype))
+        check_op(torch.sgn, x.to(dtype))
+
+
 def test_ops_served_by_torch_decompositions():
     """Ops without a lowering of their own run their torch._decomp decomposition on the
     device (counted as decomposed::<op>), never the CPU."""
@@ -67,3 +74,27 @@ def test_equal_and_ctc_loss_with_tensor_lengths():
     il, tl = torch.tensor([12, 10]), torch.tensor([4, 3])
     check_flat(lambda x, t, i, l: F.ctc_loss(x, t, i, l), lp, tg, il, tl, grad=True,
                allow=("aten::_local_scalar_dense",), rtol=1e-5, atol=1e-5)
+
+
+def test_arange_of_a_non_finite_bound_raises_as_on_cpu():
+    import re
+    import pytest
+    for args in [(-5, float("nan")), (float("nan"), 5), (0, float("inf")), (float("nan"),), (5, 1)]:
+        with pytest.raises(RuntimeError) as cpu:
+            torch.arange(*args)
+        with pytest.raises(RuntimeError, match=re.escape(str(cpu.value))):
+            torch.arange(*args, device="xla")
+    assert torch.arange(0, 1, 0.25, device="xla").cpu().tolist() == [0.0, 0.25, 0.5, 0.75]
+
+
+def test_flip_errors_and_scalars_as_on_cpu():
+    import re
+    import pytest
+    x = torch.arange(8).view(2, 2, 2)
+    for dims in [(0, 1, 1), (0, -2, 1), (5, 1, 1), (1, 1, 5)]:
+        with pytest.raises(Exception) as cpu:
+            x.flip(dims)
+        with pytest.raises(type(cpu.value), match=re.escape(str(cpu.value))):
+            x.to("xla").flip(dims)
+    check_op(lambda t: t.flip((2, 0)), x)
+    check_op(lambda t: t.flip(0), torch.tensor(3.0))

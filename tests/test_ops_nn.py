@@ -649,3 +649,41 @@ def test_max_pool_tiling_windows_values_indices_grads():
     check_flat(lambda a: F.max_pool1d(a, 3, return_indices=True), torch.randn(2, 4, 10), grad=True)
     check_flat(lambda a: F.max_pool3d(a, 2, return_indices=True), torch.randn(1, 2, 4, 5, 6), grad=True)
     check_flat(lambda a: F.max_pool2d(a, 2, ceil_mode=True, return_indices=True), x2, grad=True)
+
+
+@pytest.mark.parametrize("cls", ["GRU", "LSTM"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_recurrent_modules_run_their_fused_cells_on_the_device(cls, bias):
+    """PyTorch's GRU / LSTM call the fused cells on the xla device (the CPU has no kernel
+    for them); bidirectional takes PyTorch's own GRU code, not the program-loop one."""
+    torch.manual_seed(0)
+    m = getattr(torch.nn, cls)(6, 5, num_layers=1, bias=bias, batch_first=True, bidirectional=True)
+    x = torch.randn(3, 3, 6, requires_grad=True)
+    o, h = m(x)
+    h = h[1] if cls == "LSTM" else h      # the LSTM's cell state: its own gradient path
+    (o.sum() + (h * h).sum()).backward()
+    ref = [o, h, x.grad] + [p.grad for p in m.parameters()]
+    met.clear_all()
+    mx = m.to("xla")
+    mx.zero_grad()
+    xx = x.detach().to("xla").requires_grad_()
+    o2, h2 = mx(xx)
+    h2 = h2[1] if cls == "LSTM" else h2
+    (o2.sum() + (h2 * h2).sum()).backward()
+    got = [o2, h2, xx.grad] + [p.grad for p in mx.parameters()]
+    for a, b in zip(ref, got):
+        torch.testing.assert_close(b.cpu(), a, rtol=1e-4, atol=1e-5)
+    assert [c for c in met.counter_names() if c.startswith("aten::")] == []
+
+
+def test_lstm_cell_with_an_unused_cell_state():
+    torch.manual_seed(0)
+    m = torch.nn.LSTMCell(4, 3)
+    x = torch.randn(2, 4)
+    m(x)[0].sum().backward()
+    ref = [p.grad.clone() for p in m.parameters()]
+    mx = m.to("xla")
+    mx.zero_grad()
+    mx(x.to("xla"))[0].sum().backward()
+    for a, p in zip(ref, mx.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), a, rtol=1e-4, atol=1e-5)

@@ -1,6 +1,8 @@
 """Reductions, scans, softmax and sorting against eager PyTorch on the CPU."""
 import math
+import re
 
+import pytest
 import torch
 
 import torch_xla  # noqa: F401  (registers the xla device)
@@ -322,3 +324,18 @@ def test_ctc_loss():
     flat = torch.cat([targets[0, :4], targets[1, :2], targets[2, :3]])
     check(lambda x: F.ctc_loss(x, flat, [12, 2, 12], tl, reduction="none", zero_infinity=True),
           logits.log_softmax(2), grad=True, rtol=1e-4, atol=1e-5)
+
+
+def test_max_min_of_no_elements_raise_as_on_cpu():
+    a = torch.rand(2, 0, 4)
+    xa = a.to("xla")
+    cases = [lambda t: torch.max(t, dim=1), lambda t: torch.max(t), lambda t: torch.min(t, -2),
+             lambda t: torch.min(t), lambda t: torch.amax(t, 1), lambda t: torch.amin(t, -2),
+             lambda t: torch.amax(t)]
+    for f in cases:
+        with pytest.raises(Exception) as cpu:
+            f(a)
+        with pytest.raises(type(cpu.value), match=re.escape(str(cpu.value))):
+            f(xa)
+    for f in (lambda t: torch.max(t, 0).values, lambda t: torch.amin(t, (0, 2))):
+        assert f(xa).cpu().shape == f(a).shape

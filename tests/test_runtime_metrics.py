@@ -43,6 +43,41 @@ def test_counters_and_metrics_appear_at_their_events(dev):
     assert "Counter: xla::mul\n  Value: 2\n" in report and "Metric: CompileTime" in report
 
 
+def test_scalars_are_sent_to_the_device_once(dev):
+    from torch_xla._engine.executor import graph
+    met.clear_all()
+    t1, t2, t3 = (torch.randn(1, 3) for _ in range(3))
+    x1, x2, x3 = (t.to(dev) for t in (t1, t2, t3))
+    for _ in range(3):
+        x1.addcdiv_(x2, x3, value=0.1)
+        t1.addcdiv_(t2, t3, value=0.1)
+        torch_xla.sync()
+    assert met.metric_data("TransferToDeviceTime")[0] == 4     # three tensors, one scalar
+    assert met.counter_value("DeviceDataCacheMiss") == 1
+    torch.testing.assert_close(x1.cpu(), t1)
+    # equal values of another sign or dtype are other entries: -0.0 stays -0.0
+    for v in (0.0, -0.0):
+        z = torch.ones(2, dtype=torch.float64, device=dev) * v
+        assert (1 / z.cpu()).tolist() == (1 / (torch.ones(2, dtype=torch.float64) * v)).tolist()
+    assert len(graph._SCALARS) <= graph.SCALAR_CACHE_SIZE
+
+
+def test_execute_time_lasts_until_the_run_ends(dev):
+    import time
+    a = torch.randn(1500, 1500, device=dev)
+    torch_xla.sync()
+    met.clear_all()
+    t0 = time.perf_counter_ns()
+    m = (a @ a @ a @ a).mean()
+    torch_xla.sync()
+    m.cpu()
+    wall = time.perf_counter_ns() - t0
+    n, total, _ = met.metric_data("ExecuteTime")
+    assert n == 1 and 0 < total <= wall
+    before = met.metric_data("CompileTime")[1]
+    assert total > 0.3 * (wall - before)      # the run itself, not just its dispatch
+
+
 def test_lazy_tracing_times_transfers_and_first_calls(dev):
     met.clear_all()
     t = torch.tensor(156, device=dev)

@@ -66,6 +66,7 @@ def _get_stablehlo_bytecode(tensors: Optional[List[torch.Tensor]]) -> bytes:
 
 
 def _xla_metrics_report() -> str:
+    metrics.settle()
     return format_report(sorted(metrics.metrics), sorted(metrics.counter_items()))
 
 

@@ -33,9 +33,11 @@ _VARS = [
     Var("CPU_NUM_DEVICES", "int", 0,
         "CPU devices: in one process, that many virtual devices; for `torch_xla.launch` / "
         "`xmp.spawn`, that many processes", cached=False),
-    Var("XLA_USE_BF16", "bool", False, "compute float32 and float64 in bfloat16 on the device"),
+    Var("XLA_USE_BF16", "bool", False, "compute float32 and float64 in bfloat16 on the device (read at the first such tensor)"),
     Var("XLA_DOWNCAST_BF16", "bool", False,
-        "compute float32 in bfloat16 and float64 in float32 on the device"),
+        "compute float32 in bfloat16 and float64 in float32 on the device (read at the first such tensor)"),
+    Var("XLA_USE_32BIT_LONG", "bool", False,
+        "hold int64 and uint64 in 32 bits on the device (read at the first such tensor)"),
     Var("XLA_NO_SPECIAL_SCALARS", "bool", False,
         "make 0 and 1 graph parameters like every other Python scalar"),
     Var("XLA_NO_DONATION", "bool", False, "never donate the buffers of overwritten tensors"),

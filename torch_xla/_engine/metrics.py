@@ -9,6 +9,7 @@ entries of `counters`; a counter is active (reported) while its value is not zer
 """
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections import deque
@@ -120,6 +121,43 @@ def add_sample(name: str, value: float) -> None:
     m.add(value)
 
 
+# Samples that end when a device computation finishes (ExecuteTime: dispatch is
+# asynchronous, the run is not over when the call returns). One helper thread waits for
+# each in turn; readers of the metrics `settle()` first, so a report made after a result
+# was read includes that result's run.
+_until_ready: "queue.Queue" = queue.Queue()
+_waiter: List[threading.Thread] = []
+
+
+def _wait_loop() -> None:
+    while True:
+        name, t0, array = _until_ready.get()
+        try:
+            array.block_until_ready()
+        except Exception:   # deleted (donated to a later run): it had finished
+            pass
+        add_sample(name, time.perf_counter_ns() - t0)
+        _until_ready.task_done()
+
+
+def add_sample_when_ready(name: str, t0: int, array) -> None:
+    """Adds `perf_counter_ns() - t0` to metric `name` once `array` (a device buffer, or
+    anything with `block_until_ready()`) holds its value."""
+    if not _waiter:
+        with _lock:
+            if not _waiter:
+                th = threading.Thread(target=_wait_loop, name="xla-metrics-ready", daemon=True)
+                th.start()
+                _waiter.append(th)
+    _until_ready.put((name, t0, array))
+
+
+def settle() -> None:
+    """Waits for the samples `add_sample_when_ready` still owes."""
+    if _waiter and _until_ready.unfinished_tasks:
+        _until_ready.join()
+
+
 class timed:
     """Context manager adding the elapsed nanoseconds to a time metric."""
     __slots__ = ("name", "t0")
@@ -143,10 +181,12 @@ def clear_counters() -> None:
 
 
 def clear_metrics() -> None:
+    settle()
     metrics.clear()
 
 
 def metric_data(name: str) -> Optional[Tuple[int, float, List[Tuple[float, float]]]]:
+    settle()
     m = metrics.get(name)
     if m is None:
         return None

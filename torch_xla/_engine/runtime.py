@@ -89,26 +89,37 @@ _TORCH_TO_NP = {
 _NP_TO_TORCH = {v: k for k, v in _TORCH_TO_NP.items()}
 
 
-def _storage_overrides() -> dict:
-    """XLA_USE_BF16 / XLA_DOWNCAST_BF16: the dtype the device computes in for f32/f64."""
-    bf16 = np.dtype(ml_dtypes.bfloat16)
-    if config.get("XLA_USE_BF16"):
-        return {torch.float32: bf16, torch.float64: bf16}
-    if config.get("XLA_DOWNCAST_BF16"):
-        return {torch.float32: bf16, torch.float64: np.dtype(np.float32)}
-    return {}
+_FLOATS = (torch.float32, torch.float64)
+_LONGS = (torch.int64, torch.uint64)
 
 
-_DEVICE_DTYPE = dict(_TORCH_TO_NP)
-_DEVICE_DTYPE.update(_storage_overrides())
+def _storage_overrides(group: tuple) -> dict:
+    """The device dtype of each torch dtype of `group` under XLA_USE_BF16 /
+    XLA_DOWNCAST_BF16 (floats) or XLA_USE_32BIT_LONG (64-bit integers)."""
+    if group is _FLOATS:
+        bf16 = np.dtype(ml_dtypes.bfloat16)
+        if config.get("XLA_USE_BF16"):
+            return {torch.float32: bf16, torch.float64: bf16}
+        if config.get("XLA_DOWNCAST_BF16"):
+            return {torch.float32: bf16, torch.float64: np.dtype(np.float32)}
+    elif config.get("XLA_USE_32BIT_LONG"):
+        return {torch.int64: np.dtype(np.int32), torch.uint64: np.dtype(np.uint32)}
+    return {t: _TORCH_TO_NP[t] for t in group}
+
+
+# Each group's variables are read at the first look-up of one of its dtypes, not at import:
+# a program that sets them after `import torch_xla` but before its first xla tensor of that
+# kind gets the mapping it asked for. Fixed from then on, as tensors already on the device
+# were stored with it.
+_DEVICE_DTYPE = {k: v for k, v in _TORCH_TO_NP.items() if k not in _FLOATS + _LONGS}
 
 
 def refresh_dtype_overrides() -> None:
-    """Re-reads XLA_USE_BF16 / XLA_DOWNCAST_BF16 (for tests that set them at run time)."""
+    """Re-reads XLA_USE_BF16 / XLA_DOWNCAST_BF16 / XLA_USE_32BIT_LONG (for tests that set
+    them at run time)."""
     config.reload()
-    _DEVICE_DTYPE.clear()
-    _DEVICE_DTYPE.update(_TORCH_TO_NP)
-    _DEVICE_DTYPE.update(_storage_overrides())
+    for t in _FLOATS + _LONGS:
+        _DEVICE_DTYPE.pop(t, None)
 
 
 def device_dtype(dtype: torch.dtype) -> np.dtype:
@@ -116,7 +127,11 @@ def device_dtype(dtype: torch.dtype) -> np.dtype:
     try:
         return _DEVICE_DTYPE[dtype]
     except KeyError:
-        raise TypeError(f"dtype {dtype} is not supported on the xla device") from None
+        group = _FLOATS if dtype in _FLOATS else _LONGS if dtype in _LONGS else None
+        if group is None:
+            raise TypeError(f"dtype {dtype} is not supported on the xla device") from None
+        _DEVICE_DTYPE.update(_storage_overrides(group))
+        return _DEVICE_DTYPE[dtype]
 
 
 def numpy_dtype(dtype: torch.dtype) -> np.dtype:

@@ -29,6 +29,7 @@ def counter_value(name: str) -> Optional[int]:
 
 def metric_names() -> List[str]:
     """All the currently active metric names."""
+    _m.settle()
     return sorted(_m.metrics)
 
 

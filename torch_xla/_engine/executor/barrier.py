@@ -68,7 +68,7 @@ def execute(states: List[XlaState], barrier: bool = False, metric: str = "Execut
             return execute([s for s in states if (id(s.node), s.idx) not in stuck], barrier=True,
                            metric=metric, why=why)
     t0 = _now()
-    args = graph.param_values()
+    args = graph.param_values(on_device=strategy is strategies.LOCAL)
     donate = donatable(graph) if barrier and strategy.donates else ()
     metrics.add_sample("InputOutputAliasCount", len(donate))
     args = strategy.to_args(args, graph)
@@ -96,14 +96,21 @@ def execute(states: List[XlaState], barrier: bool = False, metric: str = "Execut
     if exe.paced:
         pol = compiling.platform_policy()
         token = pol.before_dispatch(exe.paced)
-    # Eager mode names its own metric; a program's run is its strategy's.
-    with runtime.phase("torch_xla::execute"), \
-            metrics.timed(strategy.execute_metric if metric == "ExecuteTime" else metric):
+    t_run = _now()
+    with runtime.phase("torch_xla::execute"):
         try:
             outs = exe.compiled(*args)
         except Exception as e:
             dumps.failed(graph, strategy, e, "execution")
             raise
+    # Eager mode names its own metric; a program's run is its strategy's. The sample ends
+    # when the run does, not when the asynchronous dispatch returns (the outputs of one
+    # program are ready together: the first stands for all).
+    if outs:
+        metrics.add_sample_when_ready(strategy.execute_metric if metric == "ExecuteTime" else metric,
+                                      t_run, outs[0])
+    else:
+        metrics.add_sample(strategy.execute_metric if metric == "ExecuteTime" else metric, _now() - t_run)
     if exe.paced:
         pol.after_dispatch(exe.paced, token, outs)
     outs = strategy.from_outputs(checks.split(outs, exe.checks), graph)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Dict, List
 
-from .. import config, ir
+from .. import config, ir, runtime
 
 ON = [False]     # XLA_SAVE_TENSORS_FILE or XLA_METRICS_FILE set: checked by the executor
 _hlo_cache: Dict[int, str] = {}
@@ -29,7 +29,12 @@ def dtype_text(d) -> str:
 
 
 def _aval(a) -> str:
-    return f"{dtype_text(a[1])}[{','.join(map(str, a[0]))}]"
+    # the type the device holds (bf16 under XLA_USE_BF16, s32 under XLA_USE_32BIT_LONG)
+    try:
+        dt = runtime.device_dtype(a[1]).name
+    except (TypeError, KeyError):
+        dt = a[1]
+    return f"{dtype_text(dt)}[{','.join(map(str, a[0]))}]"
 
 
 def _node_desc(n, names) -> str:
@@ -119,6 +124,7 @@ def step() -> None:
         return
     from .. import metrics
     from ..metrics_report import format_report
+    metrics.settle()   # the step's run included (a debugging file: waiting is acceptable)
     with open(path, "a") as fh:
         fh.write(format_report(sorted(metrics.metrics), sorted(metrics.counters)))
 

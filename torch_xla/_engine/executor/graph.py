@@ -1,11 +1,31 @@
 """A barrier's graph: one walk over the pending IR, its parameters and its key."""
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Sequence
 
 import numpy as np
 
-from .. import ir, runtime
+from .. import ir, metrics, runtime
+
+# Python scalars already on the device, by dtype and exact bytes (so -0.0 and 0.0, or 1
+# and True of another dtype, stay apart): a learning rate or a constant factor is sent
+# once, not at every run. Least recently used first; the size is the lazy tensor core's.
+_SCALARS: "OrderedDict[tuple, object]" = OrderedDict()
+SCALAR_CACHE_SIZE = 128
+
+
+def _device_scalar(host: np.ndarray):
+    key = (host.dtype, host.tobytes())
+    a = _SCALARS.get(key)
+    if a is None:
+        metrics.inc("DeviceDataCacheMiss")
+        a = _SCALARS[key] = runtime.put(host)
+        if len(_SCALARS) > SCALAR_CACHE_SIZE:
+            _SCALARS.popitem(last=False)
+    else:
+        _SCALARS.move_to_end(key)
+    return a
 
 COLLECTIVE_OPS = frozenset({"xla::all_reduce", "xla::all_gather", "xla::all_gather_coalesced",
                             "xla::reduce_scatter", "xla::all_to_all", "xla::collective_permute"})
@@ -69,13 +89,16 @@ class Graph:
                          strategy_name))
         return self
 
-    def param_values(self) -> list:
+    def param_values(self, on_device: bool = False) -> list:
+        """The arrays bound to the parameter slots; scalar parameters as host values, or
+        with `on_device` (a program of one device) as device arrays from the scalar cache."""
         out = []
         for p in self.params:
             if type(p) is ir.DeviceData:
                 out.append(p.array)
             else:
-                out.append(np.asarray(p.value, dtype=runtime.device_dtype(p.avals[0][1])))
+                v = np.asarray(p.value, dtype=runtime.device_dtype(p.avals[0][1]))
+                out.append(_device_scalar(v) if on_device else v)
         return out
 
     def op_avals(self):

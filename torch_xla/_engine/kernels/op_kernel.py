@@ -8,6 +8,7 @@ exception; an entry the meta kernel cannot compute sends the op to the CPU fallb
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Dict
 
@@ -165,7 +166,8 @@ class OpKernel:
                     if isinstance(v, torch.Tensor):
                         v = v.item()
                         tv = type(v)
-                elif (v == 0 or v == 1) and not NO_SPECIAL_SCALARS:
+                # -0.0 == 0 and hashes alike: it is a parameter, or a cached 0.0 would serve it
+                elif (v == 1 or v == 0 and math.copysign(1.0, v) > 0) and not NO_SPECIAL_SCALARS:
                     argv.append(v)
                     key.append((tv, v))
                     continue

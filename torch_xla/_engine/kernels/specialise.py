@@ -12,6 +12,7 @@ checks that both kernels build equal nodes and that the fast path is taken.
 from __future__ import annotations
 
 import keyword
+import math
 import threading
 
 import torch
@@ -72,7 +73,7 @@ def specialise(k: OpKernel):
     ns = {"generic": k.__call__, "outputs": k._outputs, "cache": k.cache, "Node": ir.Node, "ScalarParam": ir.ScalarParam,
           "make_tensor": make_tensor, "Tensor": torch.Tensor, "REFS": REFS, "EAGER": EAGER, "freeze": freeze,
           "NOSPECIAL": NO_SPECIAL_SCALARS, "NAME": k.name, "LOW": low, "PROMOTE": low.promote,
-          "COUNT": k.op_count}
+          "COUNT": k.op_count, "copysign": math.copysign}
     params, call, tensors, lines, key, argv, scalars = [], [], [], [], ["NAME"], [], []
     kw_only = False
     tpos = [i for i, x in enumerate(k.kinds) if x in (TENSOR, OPT_TENSOR)]
@@ -98,7 +99,7 @@ def specialise(k: OpKernel):
                       f"    _ops.append((_s{i}.node, _s{i}.idx))",
                       "else:", f"    _t{i} = type({v})",
                       f"    if _t{i} is not float and _t{i} is not int:", "        return generic(CALL)",
-                      f"    if not NOSPECIAL and ({v} == 0 or {v} == 1):",
+                      f"    if not NOSPECIAL and ({v} == 1 or {v} == 0 and copysign(1.0, {v}) > 0):",
                       f"        _k{i} = ((_t{i}, {v}),); _p{i} = False; _w{i} = {v}",
                       "    else:", f"        _k{i} = (_t{i},); _p{i} = True; _w{i} = None"]
             key.append(f"*_k{i}")
@@ -123,7 +124,7 @@ def specialise(k: OpKernel):
             scalars.append((i, v))
             lines += [f"_t{i} = type({v})", f"if {v} is None:", f"    _k{i} = None; _p{i} = False",
                       f"elif _t{i} is not int and _t{i} is not float:", "    return generic(CALL)",
-                      f"elif not NOSPECIAL and ({v} == 0 or {v} == 1):", f"    _k{i} = (_t{i}, {v}); _p{i} = False",
+                      f"elif not NOSPECIAL and ({v} == 1 or {v} == 0 and copysign(1.0, {v}) > 0):", f"    _k{i} = (_t{i}, {v}); _p{i} = False",
                       "else:", f"    _k{i} = _t{i}; _p{i} = True"]
             key.append(f"_k{i}")
             argv.append(f"(None if _p{i} else {v})")

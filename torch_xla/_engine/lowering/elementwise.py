@@ -122,9 +122,16 @@ def abs_(x):
     return jnp.abs(x)
 
 
+def _real_sign(x):
+    # (0 < x) - (x < 0), as PyTorch computes it: NaN has sign 0 (jnp.sign keeps NaN)
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
+    return jnp.sign(x)
+
+
 @lowering("aten::sign", promote=True)
 def sign(x):
-    return x if x.dtype == jnp.bool_ else jnp.sign(x)
+    return x if x.dtype == jnp.bool_ else _real_sign(x)
 
 
 @lowering("aten::sgn")
@@ -134,7 +141,7 @@ def sgn(x):
     if jnp.issubdtype(x.dtype, jnp.complexfloating):
         a = jnp.abs(x)
         return jnp.where(a == 0, jnp.zeros((), x.dtype), x / jnp.where(a == 0, 1, a).astype(x.dtype))
-    return jnp.sign(x)
+    return _real_sign(x)
 
 
 # PyTorch's generic kernels for these write into an output through views, which needs

@@ -1,8 +1,11 @@
 """Factory ops: constants, full, arange, eye, linspace (and the engine's broadcast)."""
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 import numpy as np
+import torch
 
 from .table import lowering, out_dtype, out_shape
 
@@ -32,7 +35,18 @@ def scalar_tensor(value, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.asarray(value, out_dtype())
 
 
-@lowering("aten::arange", "aten::arange.start", "aten::arange.start_step", static=("start", "end", "step"))
+def _meta_arange(*pos, **kwargs):
+    # The CPU checks the bounds are finite before the step's sign (PyTorch's meta kernel
+    # checks the sign first, with another message).
+    start, end = (0, pos[0]) if len(pos) == 1 else pos[:2]
+    if not (math.isfinite(start) and math.isfinite(end)):
+        raise RuntimeError(f"unsupported range: {start:g} -> {end:g}")
+    overload = ("default", "start", "start_step")[len(pos) - 1]
+    return getattr(torch.ops.aten.arange, overload)(*pos, **kwargs)
+
+
+@lowering("aten::arange", "aten::arange.start", "aten::arange.start_step", static=("start", "end", "step"),
+          meta=_meta_arange)
 def arange(*args, **kwargs):
     # Output length is already known from the meta kernel: arange = start + i * step.
     n = out_shape()[0]

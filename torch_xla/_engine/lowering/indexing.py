@@ -15,6 +15,8 @@ number of selected elements (then that count is static).
 """
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -61,7 +63,8 @@ def unsafe_index(x, indices):
 
 @lowering("aten::index.Tensor", "aten::index.Tensor_hacked_twin", checked=True)
 def index(x, indices):
-    _check_indices(x, indices)
+    if math.prod(out_shape()) > 0:   # the CPU checks only the indices it reads
+        _check_indices(x, indices)
     return unsafe_index(x, indices)
 
 

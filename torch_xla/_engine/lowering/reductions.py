@@ -140,22 +140,43 @@ def prod_dim(x, dim, keepdim=False, dtype=None):
 
 # ---- max / min ---------------------------------------------------------------------------------
 
-@lowering("aten::amax")
+def _meta_nonempty(name: str, overload: str = "default"):
+    """PyTorch's meta kernel after the CPU's checks: max / min / amax / amin of no elements
+    have no value (the meta kernels let them through)."""
+    def meta(x, dim=None, *rest):
+        dims = [dim] if isinstance(dim, int) else list(dim or ())
+        if not dims:
+            if x.numel() == 0:
+                raise RuntimeError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
+                                   "Specify the reduction dim with the 'dim' argument.")
+        elif x.dim() > 0:
+            for d in dims:
+                w = d % x.dim() if -x.dim() <= d < x.dim() else d
+                if 0 <= w < x.dim() and x.shape[w] == 0:
+                    # max.dim / min.dim name the wrapped dim, amax / amin the one given
+                    shown = w if overload == "dim" else d
+                    raise IndexError(f"{name}(): Expected reduction dim {shown} to have non-zero size.")
+        op = getattr(getattr(torch.ops.aten, name), overload)
+        return op(x) if dim is None else op(x, dim, *rest)
+    return meta
+
+
+@lowering("aten::amax", meta=_meta_nonempty("amax"))
 def amax(x, dim=(), keepdim=False):
     return _out(_reduce(_nan_max, x, dim))
 
 
-@lowering("aten::amin")
+@lowering("aten::amin", meta=_meta_nonempty("amin"))
 def amin(x, dim=(), keepdim=False):
     return _out(_reduce(_nan_min, x, dim))
 
 
-@lowering("aten::max")
+@lowering("aten::max", meta=_meta_nonempty("max"))
 def max_(x):
     return _out(_reduce(_nan_max, x, None))
 
 
-@lowering("aten::min")
+@lowering("aten::min", meta=_meta_nonempty("min"))
 def min_(x):
     return _out(_reduce(_nan_min, x, None))
 
@@ -167,7 +188,7 @@ def _argext(x, axis, is_max):
     return (jnp.argmax if is_max else jnp.argmin)(x, axis=axis)
 
 
-@lowering("aten::max.dim")
+@lowering("aten::max.dim", meta=_meta_nonempty("max", "dim"))
 def max_dim(x, dim, keepdim=False):
     if x.ndim == 0:
         return x, jnp.zeros((), jnp.int64)
@@ -175,7 +196,7 @@ def max_dim(x, dim, keepdim=False):
     return _out(_nan_max(x, a), 0), _out(_argext(x, a, True), 1)
 
 
-@lowering("aten::min.dim")
+@lowering("aten::min.dim", meta=_meta_nonempty("min", "dim"))
 def min_dim(x, dim, keepdim=False):
     if x.ndim == 0:
         return x, jnp.zeros((), jnp.int64)

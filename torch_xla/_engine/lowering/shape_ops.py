@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax import lax
 
 from .table import lowering, out_dtype, out_shape
@@ -194,9 +195,23 @@ def unbind(x, dim=0):
     return [lax.index_in_dim(x, i, dim, keepdims=False) for i in range(x.shape[dim])]
 
 
-@lowering("aten::flip")
+def _meta_flip(x, dims):
+    # the CPU's message for a repeated dim (PyTorch's meta kernel words it otherwise)
+    seen = set()
+    n = max(x.dim(), 1)
+    for d in dims:
+        w = d + n if -n <= d < 0 else d
+        if not 0 <= w < n:
+            break           # PyTorch's kernel raises the CPU's IndexError for it
+        if w in seen:
+            raise RuntimeError(f"dim {w} appears multiple times in the list of dims")
+        seen.add(w)
+    return torch.ops.aten.flip.default(x, dims)
+
+
+@lowering("aten::flip", meta=_meta_flip)
 def flip(x, dims):
-    return jnp.flip(x, [_dim(d, x.ndim) for d in dims]) if dims else x
+    return jnp.flip(x, [_dim(d, x.ndim) for d in dims]) if dims and x.ndim else x   # 0-d: itself
 
 
 @lowering("aten::roll")
