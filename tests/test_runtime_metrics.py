@@ -45,6 +45,7 @@ def test_counters_and_metrics_appear_at_their_events(dev):
 
 def test_scalars_are_sent_to_the_device_once(dev):
     from torch_xla._engine.executor import graph
+    graph._SCALARS.clear()   # other tests may have sent the same scalar already
     met.clear_all()
     t1, t2, t3 = (torch.randn(1, 3) for _ in range(3))
     x1, x2, x3 = (t.to(dev) for t in (t1, t2, t3))
