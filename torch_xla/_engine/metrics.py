@@ -9,6 +9,7 @@ entries of `counters`; a counter is active (reported) while its value is not zer
 """
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
@@ -131,7 +132,11 @@ _waiter: List[threading.Thread] = []
 
 def _wait_loop() -> None:
     while True:
-        name, t0, array = _until_ready.get()
+        item = _until_ready.get()
+        if item is None:
+            _until_ready.task_done()
+            return
+        name, t0, array = item
         try:
             array.block_until_ready()
         except Exception:   # deleted (donated to a later run): it had finished
@@ -149,7 +154,17 @@ def add_sample_when_ready(name: str, t0: int, array) -> None:
                 th = threading.Thread(target=_wait_loop, name="xla-metrics-ready", daemon=True)
                 th.start()
                 _waiter.append(th)
+                # Registered after jax started, so it runs before jax's own exit handlers:
+                # a thread still inside block_until_ready when the interpreter finalizes
+                # would abort the process.
+                atexit.register(_stop_waiter)
     _until_ready.put((name, t0, array))
+
+
+def _stop_waiter() -> None:
+    _until_ready.put(None)
+    # Bounded: a run that never finishes (peers gone) must not hang the exit.
+    _waiter[0].join(timeout=30)
 
 
 def settle() -> None:
