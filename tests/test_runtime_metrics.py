@@ -21,7 +21,7 @@ def test_counters_and_metrics_appear_at_their_events(dev):
     met.clear_all()
     a = torch.arange(6.0).reshape(2, 3)
     x = a.to(dev)
-    assert {"TensorToData", "InboundData", "TransferToDeviceTime"} <= set(met.metric_names())
+    assert {"TensorToData", "OutboundData", "TransferToDeviceTime"} <= set(met.metric_names())
     assert met.counter_value("CreateXlaTensor") == 1
     assert met.counter_value("MarkStep") is None
     y = x * 3.5 + 1.25
@@ -34,7 +34,7 @@ def test_counters_and_metrics_appear_at_their_events(dev):
                  "WrapXlaData", "InputOutputAliasCount"):
         assert name in met.metric_names(), name
     torch.testing.assert_close(y.cpu(), a * 3.5 + 1.25)
-    assert {"TransferFromDeviceTime", "OutboundData"} <= set(met.metric_names())
+    assert {"TransferFromDeviceTime", "InboundData"} <= set(met.metric_names())
     z = x * 3.5 + 1.25            # the same graph again: served from the cache
     torch_xla.sync()
     assert met.counter_value("CachedCompile") == 1 and met.counter_value("UncachedCompile") == 1
@@ -141,7 +141,7 @@ def test_metrics_compare_utils_on_a_real_report(dev):
     points = mcu.get_data_points_from_metrics_reports([report, report])
     assert points["MarkStep__Value"] == [1, 1]
     assert points["CompileTime__Accumulator_sec"][0] > 0
-    assert "OutboundData__Accumulator_mb" in points and "CompileTime__Percentile_99_sec" in points
+    assert "InboundData__Accumulator_mb" in points and "CompileTime__Percentile_99_sec" in points
     assert mcu.compare_metrics(points, report, config={"base_expression": "v == v_mean"}) == ""
     more = report + "Counter: aten::nonzero\n  Value: 3\nCounter: MarkStep\n  Value: 7\n"
     diff = mcu.compare_metrics(points, more, config={"base_expression": "v == v_mean"})

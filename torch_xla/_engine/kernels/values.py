@@ -17,7 +17,7 @@ def to_cpu(t: torch.Tensor) -> torch.Tensor:
     with metrics.timed("TransferFromDeviceTime"):
         host = runtime.fetch(arr)
     executor.inspect_checks()  # the read waited anyway: index errors of the programs so far
-    metrics.add_sample("OutboundData", host.nbytes)
+    metrics.add_sample("InboundData", host.nbytes)  # into the host, from the device
     return runtime.from_numpy(host, s.dtype)
 
 
@@ -38,7 +38,7 @@ def _from_cpu(t, dtype, placement):
     if host.dtype != dd:
         host = host.astype(dd)
     arr = runtime.put(host, placement)  # times the transfer (none yet for SPMD host data)
-    metrics.add_sample("InboundData", host.nbytes)
+    metrics.add_sample("OutboundData", host.nbytes)  # out of the host, to the device
     metrics.inc("CreateDataHandles")
     aval = (tuple(t.shape), t.dtype)
     return make_tensor(ir.DeviceData(arr, aval), 0, aval[0], aval[1])
