@@ -1,6 +1,7 @@
 """Compiling a graph, and the caches of compiled programs (in memory, and on disk)."""
 from __future__ import annotations
 
+import functools
 import time
 from typing import Dict, List, Optional
 
@@ -84,7 +85,7 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple, metric: str = "Co
             with runtime.phase("torch_xla::lower"):
                 lowered = jax.jit(fn, donate_argnums=donate, keep_unused=True, **jit_options).lower(*args)
             with runtime.phase("torch_xla::compile"):
-                return lowered, (lowered.compile(compiler_options=first) if first else lowered.compile())
+                return lowered, _compile(lowered, first)
         try:
             lowered, compiled = build(strategy.jit_options(graph, args))
         except Exception as e:  # noqa: BLE001
@@ -97,11 +98,11 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple, metric: str = "Co
     pol.after_compile(time.perf_counter() - t0)
     if quick:
         metrics.inc("TieredCompile")
-        return Executable(compiled, donate, pol.paced_bytes(compiled), graph.checks, _optimized(lowered, opts))
+        return Executable(compiled, donate, pol.paced_bytes(compiled), graph.checks, functools.partial(_compile, lowered, opts))
     if pkey is not None:
         if persistent.jax_cache_hits() != hits:
             # Loaded from jax's cache: compile afresh, so that the stored entry holds code.
-            compiled = lowered.compile(compiler_options={**opts, **persistent.FRESH_OPTION})
+            compiled = _compile(lowered, {**opts, **persistent.FRESH_OPTION})
         persistent.store(pkey, compiled, args, graph.checks)
     return Executable(compiled, donate, pol.paced_bytes(compiled), graph.checks)
 
@@ -130,11 +131,9 @@ def _check_replica_groups(graph: Graph) -> None:
                                "text but not run here")
 
 
-def _optimized(lowered, opts: dict):
-    """The background half of a tiered compile: the optimized executable."""
-    def build():
-        return lowered.compile(compiler_options=opts) if opts else lowered.compile()
-    return build
+def _compile(lowered, options: dict):
+    """XLA's executable of a jax `Lowered` program, with `options` (XLA debug options)."""
+    return lowered.compile(compiler_options=options) if options else lowered.compile()
 
 
 def lookup(key: int, donatable: tuple) -> Optional[Executable]:
