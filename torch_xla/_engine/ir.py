@@ -173,46 +173,47 @@ DONORS: "weakref.WeakSet" = weakref.WeakSet()
 # Nodes of ops whose programs check their indices on the device -> the user's line that
 # created them (for the error raised after the program ran).
 CHECK_SOURCES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_OWN_DIRS = []
+_SKIPPED = []
+
+
+def _user_frame():
+    """The innermost frame outside torch_xla, torch and the generated kernels, or None."""
+    if not _SKIPPED:
+        import torch
+        _SKIPPED.extend([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                         os.path.dirname(os.path.abspath(torch.__file__)), "<kernel "])
+    skipped = tuple(_SKIPPED)
+    f = sys._getframe(1)
+    while f is not None and f.f_code.co_filename.startswith(skipped):
+        f = f.f_back
+    return f
 
 
 def user_line() -> str:
     """`file:line` of the innermost frame outside torch_xla, torch and generated kernels."""
-    if not _OWN_DIRS:
-        import torch
-        _OWN_DIRS.extend([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                          os.path.dirname(os.path.abspath(torch.__file__)), "<kernel "])
-    skipped = tuple(_OWN_DIRS)
-    f = sys._getframe(1)
-    while f is not None and f.f_code.co_filename.startswith(skipped):
-        f = f.f_back
+    f = _user_frame()
     return "<unknown>" if f is None else f"{f.f_code.co_filename}:{f.f_lineno}"
 
 
 SOURCES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # node -> "file.py:line"
-_PKG_DIRS = []
 RECORDING = [False]
+_WRAPPED = [False]
 
 
 def record_sources(on: bool = True) -> None:
     """From now on every new node remembers the first Python frame outside torch_xla and
     torch that created it (only when asked: this wraps the constructor); `on=False` stops."""
     RECORDING[0] = on
-    if _PKG_DIRS or not on:
+    if _WRAPPED[0] or not on:
         return
-    import torch
-    _PKG_DIRS.extend([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                      os.path.dirname(os.path.abspath(torch.__file__))])
+    _WRAPPED[0] = True
     init = Node.__init__
-    _skipped = tuple(_PKG_DIRS) + ("<kernel ",)   # (+ the generated kernels, specialise.py)
 
     def __init__(self, *args, **kwargs):
         init(self, *args, **kwargs)
         if not RECORDING[0]:
             return
-        f = sys._getframe(1)
-        while f is not None and f.f_code.co_filename.startswith(_skipped):
-            f = f.f_back
+        f = _user_frame()
         if f is not None:
             SOURCES[self] = f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
     Node.__init__ = __init__
