@@ -51,6 +51,9 @@ def test_fsdp_four_processes_match_cpu(job, name):
     assert [o["world"] for o in job] == [WORLD] * WORLD
     for o in job:
         torch.testing.assert_close(o[name]["losses"], losses, rtol=1e-4, atol=1e-5)
+        # The step gathers and scatters inside its program; nothing is read back to the host.
+        assert o[name]["collectives"]["all_gather"] > 0 and o[name]["collectives"]["reduce_scatter"] > 0
+        assert o[name]["reads"] == 0
     full = consolidate_sharded_state_dicts([o[name]["state_dict"] for o in job], [o[name]["meta"] for o in job])
     want = ref.state_dict()
     params = {k for k, _ in ref.named_parameters()}

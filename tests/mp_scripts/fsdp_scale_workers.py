@@ -67,6 +67,7 @@ def _device_elements(t) -> int:
 def fsdp_scale_job(index: int):
     import torch_xla
     import torch_xla.core.xla_model as xm
+    import torch_xla.debug.metrics as met
     import torch_xla.runtime as xr
     from torch_xla.distributed.fsdp import XlaFullyShardedDataParallel as FSDP, checkpoint_module
     from torch_xla.distributed.fsdp.wrap import transformer_auto_wrap_policy
@@ -87,7 +88,8 @@ def fsdp_scale_job(index: int):
         else:
             m = FSDP(m, reshard_after_forward=False)
         opt = torch.optim.Adam(m.parameters(), lr=0.01)
-        losses = []
+        losses, hlo = [], ""
+        start = met.metric_data("TransferFromDeviceTime") or (0,)
         for step in range(STEPS):
             x, y = batch(step, n)
             x, y = x[BATCH * r:BATCH * (r + 1)].to(dev), y[BATCH * r:BATCH * (r + 1)].to(dev)
@@ -96,10 +98,14 @@ def fsdp_scale_job(index: int):
             loss.backward()
             opt.step()
             losses.append(xm.all_reduce("sum", loss.detach(), scale=1.0 / n))
+            if step == STEPS - 1:
+                hlo = xm.get_stablehlo([loss] + list(m.parameters()))
             xm.mark_step()
+        end = met.metric_data("TransferFromDeviceTime") or (0,)
         # What this replica holds: the element count of each parameter's device buffer.
         held = [_device_elements(p) for p in m.parameters()]
-        out[name] = {"losses": [t.cpu() for t in losses], "held": held,
+        out[name] = {"losses": [t.cpu() for t in losses], "held": held, "reads": end[0] - start[0],
+                     "collectives": {op: hlo.count(f'"stablehlo.{op}"') for op in ("all_gather", "reduce_scatter")},
                      "state_dict": {k: v.cpu() for k, v in m.state_dict().items()},
                      "meta": m.get_shard_metadata()}
     faulthandler.cancel_dump_traceback_later()
