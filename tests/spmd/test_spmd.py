@@ -330,6 +330,39 @@ def test_per_device_value_cannot_leave_its_region():
         inside.cpu()
 
 
+def test_unfinished_region_prints_as_spmd_custom_calls_and_still_cannot_run():
+    m = mesh((4,))
+    x = torch.ones(8).to("xla")
+    xs.mark_sharding(x, m, (0,))
+    inside = torch_xla._XLAC._spmd_full_to_shard_shape(x) + 1
+    marked = xs._mark_manual_sharding(x * 2)
+    hlo = torch_xla._XLAC._get_xla_tensors_hlo([inside, marked.global_tensor])
+    assert ('f32[2]{0} custom-call(f32[8]{0} %p0.1), custom_call_target="SPMDFullToShardShape", '
+            'sharding={manual}') in hlo
+    assert 'custom_call_target="Sharding", sharding={manual}' in hlo
+    with pytest.raises(RuntimeError, match="manual sharding region"):
+        inside.cpu()
+    # A finished region runs as before, and its text is the program that runs.
+    y = xs.disable_manual_sharding(inside, (0,), (8,), mesh=m)
+    assert "SPMDFullToShardShape" not in torch_xla._XLAC._get_xla_tensors_hlo([y.global_tensor])
+    torch.testing.assert_close(y.global_tensor.cpu(), torch.full((8,), 2.0))
+
+
+def test_hlo_text_names_and_device_lists_match_the_sharding_spec():
+    x = torch.randn(4, 8, 8).to("xla")
+    xs.mark_sharding(x, mesh((2, 2)), (1, None, 0))  # a transposed device order
+    spec = torch_xla._XLAC._get_xla_sharding_spec(x)
+    assert spec == "{devices=[2,1,2]0,2,1,3}"
+    y = xs.annotate_custom_sharding(x.exp(), mesh((4, 1)), (0, None, None))
+    hlo = torch_xla._XLAC._get_xla_tensors_hlo([y.global_tensor])
+    assert f"%p0.1 = f32[4,8,8]{{2,1,0}} parameter(0), sharding={spec}" in hlo
+    assert "%exponential.2 = f32[4,8,8]{2,1,0} exponential(f32[4,8,8]{2,1,0} %p0.1)" in hlo
+    assert ('custom-call(f32[4,8,8]{2,1,0} %exponential.2), custom_call_target="Sharding", '
+            'sharding={devices=[4,1,1]0,1,2,3}') in hlo
+    assert "<=[" not in hlo
+    torch.testing.assert_close(y.global_tensor.cpu(), x.cpu().exp())
+
+
 def test_user_guide_samples_as_written():
     num_devices = xr.global_runtime_device_count()
     mesh_shape = (num_devices, 1)
