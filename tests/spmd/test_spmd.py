@@ -1,5 +1,6 @@
 """SPMD against eager CPU: layouts, sharded training, zero recompiles, errors."""
 import copy
+import re
 
 import numpy as np
 import pytest
@@ -361,6 +362,21 @@ def test_hlo_text_names_and_device_lists_match_the_sharding_spec():
             'sharding={devices=[4,1,1]0,1,2,3}') in hlo
     assert "<=[" not in hlo
     torch.testing.assert_close(y.global_tensor.cpu(), x.cpu().exp())
+
+
+def test_backward_optimization_barrier_holds_the_layer_gradients_like_cpu():
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 2))
+    model = copy.deepcopy(ref).to("xla")
+    xs.apply_backward_optimization_barrier(model[2])
+    x = torch.randn(4, 16)
+    ref(x).sum().backward()
+    model(x.to("xla")).sum().backward()
+    # One barrier over the layer's weight and bias gradients and the gradient leaving it.
+    hlo = torch_xla._XLAC._get_xla_tensors_hlo([model[2].weight.grad])
+    assert re.search(r"opt-barrier\(\(f32\[2,8\]\{[01,]+\}, f32\[2\]\{0\}, f32\[4,8\]\{1,0\}\)", hlo)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-5, atol=1e-5)
 
 
 def test_user_guide_samples_as_written():
