@@ -379,6 +379,18 @@ def test_backward_optimization_barrier_holds_the_layer_gradients_like_cpu():
         torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-5, atol=1e-5)
 
 
+def test_hlo_text_shows_the_layout_an_inplace_update_keeps():
+    t = torch.arange(32.).reshape(4, 8)
+    x = t.to("xla")
+    xs.mark_sharding(x, mesh((1, 4)), (0, 1))
+    x.add_(1)
+    hlo = torch_xla._XLAC._get_xla_tensors_hlo([x])
+    assert ('custom-call(f32[4,8]{1,0} %add.4), custom_call_target="Sharding", '
+            'sharding={devices=[1,4]0,1,2,3}') in hlo
+    assert torch_xla._XLAC._get_xla_sharding_spec(x) == "{devices=[1,4]0,1,2,3}"
+    torch.testing.assert_close(x.cpu(), t + 1)
+
+
 def test_user_guide_samples_as_written():
     num_devices = xr.global_runtime_device_count()
     mesh_shape = (num_devices, 1)
