@@ -13,6 +13,11 @@ from ._engine.tensor import state_of
 
 
 def _roots(tensors: Optional[List[torch.Tensor]]):
+    from ._engine import mode, sharding
+    if mode.SPMD[0]:
+        # The constraints the next barrier adds (annotated tensors updated since they were
+        # annotated keep their layout): the dumps show the program that will run.
+        sharding.constrain_annotated()
     if tensors is None:
         states = _tensor.pending.take_live()
         _tensor.pending.restore(states)

@@ -1,5 +1,6 @@
 """SPMD against eager CPU: layouts, sharded training, zero recompiles, errors."""
 import copy
+import re
 
 import numpy as np
 import pytest
@@ -328,6 +329,66 @@ def test_per_device_value_cannot_leave_its_region():
     inside = torch_xla._XLAC._spmd_full_to_shard_shape(x) + 1
     with pytest.raises(RuntimeError, match="manual sharding region"):
         inside.cpu()
+
+
+def test_unfinished_region_prints_as_spmd_custom_calls_and_still_cannot_run():
+    m = mesh((4,))
+    x = torch.ones(8).to("xla")
+    xs.mark_sharding(x, m, (0,))
+    inside = torch_xla._XLAC._spmd_full_to_shard_shape(x) + 1
+    marked = xs._mark_manual_sharding(x * 2)
+    hlo = torch_xla._XLAC._get_xla_tensors_hlo([inside, marked.global_tensor])
+    assert ('f32[2]{0} custom-call(f32[8]{0} %p0.1), custom_call_target="SPMDFullToShardShape", '
+            'sharding={manual}') in hlo
+    assert 'custom_call_target="Sharding", sharding={manual}' in hlo
+    with pytest.raises(RuntimeError, match="manual sharding region"):
+        inside.cpu()
+    # A finished region runs as before, and its text is the program that runs.
+    y = xs.disable_manual_sharding(inside, (0,), (8,), mesh=m)
+    assert "SPMDFullToShardShape" not in torch_xla._XLAC._get_xla_tensors_hlo([y.global_tensor])
+    torch.testing.assert_close(y.global_tensor.cpu(), torch.full((8,), 2.0))
+
+
+def test_hlo_text_names_and_device_lists_match_the_sharding_spec():
+    x = torch.randn(4, 8, 8).to("xla")
+    xs.mark_sharding(x, mesh((2, 2)), (1, None, 0))  # a transposed device order
+    spec = torch_xla._XLAC._get_xla_sharding_spec(x)
+    assert spec == "{devices=[2,1,2]0,2,1,3}"
+    y = xs.annotate_custom_sharding(x.exp(), mesh((4, 1)), (0, None, None))
+    hlo = torch_xla._XLAC._get_xla_tensors_hlo([y.global_tensor])
+    assert f"%p0.1 = f32[4,8,8]{{2,1,0}} parameter(0), sharding={spec}" in hlo
+    assert "%exponential.2 = f32[4,8,8]{2,1,0} exponential(f32[4,8,8]{2,1,0} %p0.1)" in hlo
+    assert ('custom-call(f32[4,8,8]{2,1,0} %exponential.2), custom_call_target="Sharding", '
+            'sharding={devices=[4,1,1]0,1,2,3}') in hlo
+    assert "<=[" not in hlo
+    torch.testing.assert_close(y.global_tensor.cpu(), x.cpu().exp())
+
+
+def test_backward_optimization_barrier_holds_the_layer_gradients_like_cpu():
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 2))
+    model = copy.deepcopy(ref).to("xla")
+    xs.apply_backward_optimization_barrier(model[2])
+    x = torch.randn(4, 16)
+    ref(x).sum().backward()
+    model(x.to("xla")).sum().backward()
+    # One barrier over the layer's weight and bias gradients and the gradient leaving it.
+    hlo = torch_xla._XLAC._get_xla_tensors_hlo([model[2].weight.grad])
+    assert re.search(r"opt-barrier\(\(f32\[2,8\]\{[01,]+\}, f32\[2\]\{0\}, f32\[4,8\]\{1,0\}\)", hlo)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_hlo_text_shows_the_layout_an_inplace_update_keeps():
+    t = torch.arange(32.).reshape(4, 8)
+    x = t.to("xla")
+    xs.mark_sharding(x, mesh((1, 4)), (0, 1))
+    x.add_(1)
+    hlo = torch_xla._XLAC._get_xla_tensors_hlo([x])
+    assert ('custom-call(f32[4,8]{1,0} %add.4), custom_call_target="Sharding", '
+            'sharding={devices=[1,4]0,1,2,3}') in hlo
+    assert torch_xla._XLAC._get_xla_sharding_spec(x) == "{devices=[1,4]0,1,2,3}"
+    torch.testing.assert_close(x.cpu(), t + 1)
 
 
 def test_user_guide_samples_as_written():

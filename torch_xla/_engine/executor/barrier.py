@@ -12,7 +12,7 @@ from typing import List, Optional
 
 from .. import config, ir, metrics, mode, rng, runtime, sharding
 from ..tensor import XlaState, pending
-from . import analysis, checks, closures, compile as compiling, dumps, manual, strategies
+from . import analysis, checks, closures, compile as compiling, dumps, hlo_text, manual, strategies
 from .donation import donatable
 from .graph import Graph
 
@@ -239,7 +239,10 @@ def lower_text(roots, dialect: str = "stablehlo") -> str:
     XLA_HLO_DEBUG, with locations (each op's Python source line)."""
     from .. import config
     debug = bool(config.get("XLA_HLO_DEBUG"))
-    low = lowered(roots)
+    graph, strategy = walk(roots)
+    # A region left unfinished (per-device results) can be printed, not run: as the
+    # original prints it, with XLA's SPMD custom calls at its edges.
+    low = compiling.lowered(graph, strategy, manual_text=bool(manual.per_device_roots(graph)))
     if dialect != "hlo":
         return low.as_text(dialect=dialect, debug_info=debug)
     # XLA's full text form: operand shapes inline (`convert(bf16[16,10]{1,0} %p0)`), as
@@ -258,7 +261,7 @@ def lower_text(roots, dialect: str = "stablehlo") -> str:
     opts.print_large_constants = True
     opts.print_operand_shape = True
     opts.print_metadata = debug
-    return comp.as_hlo_module().to_string(opts)
+    return hlo_text.original_form(comp.as_hlo_module().to_string(opts))
 
 
 def pending_graph_key():

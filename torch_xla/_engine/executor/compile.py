@@ -160,12 +160,13 @@ def remember(key: int, exe: Executable) -> None:
     _cache.setdefault(key, []).append(exe)
 
 
-def lowered(graph: Graph, strategy):
+def lowered(graph: Graph, strategy, manual_text: bool = False):
     """The jax `Lowered` program of a graph (no compilation, no execution), with the
-    portable lowering of every op (convolutions as convolutions on every platform)."""
+    portable lowering of every op (convolutions as convolutions on every platform);
+    `manual_text`: see `build_fn`."""
     jax = runtime.jax_module()
     args = strategy.to_args(graph.param_values(), graph)
-    fn = strategy.wrap(build_fn(graph, False), graph)
+    fn = strategy.wrap(build_fn(graph, False, manual_text=manual_text), graph)
     return jax.jit(fn, keep_unused=True, **strategy.jit_options(graph, args)).lower(*args)
 
 

@@ -29,18 +29,20 @@ def lower_node(node: ir.Node, operand_vals: list) -> tuple:
     return apply(node.lowering, _subst(node.args, operand_vals), out_avals, cdt)
 
 
-def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False):
+def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False, manual_text: bool = False):
     """A pure function params -> root values, evaluating the nodes with their lowerings.
 
     `checks`: when the graph has ops that check their indices (and XLA_CHECK_INDICES is
     on), the function returns one more value, the error vector of `checks.py`, and
-    `graph.checks` receives the host side of each check when the function is traced."""
+    `graph.checks` receives the host side of each check when the function is traced.
+    `manual_text`: manual regions are lowered in place, their edges as XLA's SPMD custom
+    calls (printable, with per-device values among the results; not for running)."""
     import jax.numpy as jnp
     from . import checks as checking
     order, slot, index = graph.order, graph.slot, graph.index
     root_pos = [(index[id(n)], i) for n, i in graph.roots]
     try:
-        regions = manual.plan(graph)
+        regions = None if manual_text else manual.plan(graph)
     except manual.ManualRegionError as e:
         raise GraphCompileError(str(e)) from None
     plan = []
@@ -67,11 +69,13 @@ def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False):
 
     def fn(*params):
         lowering_ctx.patch_convolutions = patch_convolutions
+        lowering_ctx.manual_text = manual_text
         recorded = lowering_ctx.checks = [] if checked else None
         try:
             vals = _run(params)
         finally:
             lowering_ctx.checks = lowering_ctx.node = None
+            lowering_ctx.manual_text = False
         roots = tuple(vals[p][i] for p, i in root_pos)
         if not checked:
             return roots

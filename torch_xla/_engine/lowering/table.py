@@ -81,6 +81,7 @@ class _Ctx(threading.local):
     patch_convolutions = False  # lower convolutions as patch products (conv_cpu)
     checks = None  # while a program is traced with index checks: where `check_range` records them
     node = None    # the IR node being lowered (set by the executor when checks are recorded)
+    manual_text = False  # manual region edges as XLA's SPMD custom calls (HLO text of an unfinished region)
 
 
 ctx = _Ctx()

@@ -234,13 +234,15 @@ def _send_minibatch(t: torch.Tensor, sh) -> torch.Tensor:
 
 
 def apply_backward_optimization_barrier(m: torch.nn.Module) -> torch.nn.Module:
-    """Puts an optimization barrier on the gradients leaving `m` in the backward pass, so
-    that XLA does not hoist the next layer's all-gathers over this layer's computation
-    (which would keep every layer's full parameters alive at once)."""
+    """Puts one optimization barrier on `m`'s backward results, the gradients of its
+    parameters computed so far and those leaving it, so that XLA neither hoists the next
+    layer's all-gathers over this layer's computation nor defers this layer's gradients
+    (either would keep several layers' full buffers alive at once)."""
     from torch_xla._engine import collectives as _coll
 
     def barrier(module, grad_input, grad_output):
-        grads = [g for g in grad_input if isinstance(g, torch.Tensor)]
+        grads = [p.grad for p in module.parameters() if p.grad is not None]
+        grads += [g for g in grad_input if isinstance(g, torch.Tensor)]
         if grads:
             _coll.optimization_barrier_(grads)
         return grad_input
