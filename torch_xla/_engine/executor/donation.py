@@ -18,7 +18,14 @@ from .graph import Graph
 def held_data() -> set:
     """ids of the DeviceData leaves that live tensor states point at now."""
     device_data = ir.DeviceData
-    return {id(s.node) for s in list(data_states) if type(s.node) is device_data}
+    # A copy of the weak references in one C call: another thread (a data loader's, a
+    # ready-waiter's) may add states while we look, which iterating the WeakSet refuses.
+    held = set()
+    for ref in data_states.data.copy():
+        s = ref()
+        if s is not None and type(s.node) is device_data:
+            held.add(id(s.node))
+    return held
 
 
 def donatable(graph: Graph) -> tuple:
