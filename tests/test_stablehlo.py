@@ -180,3 +180,71 @@ def test_export_bilinear_upsampling_matches_cpu():
     x = torch.randn(2, 3, 100, 100)
     out = exported_program_to_stablehlo(torch.export.export(Up(), (x,)))(x)
     assert_same(out, Up()(x), rtol=1e-5, atol=1e-4)
+
+
+# Composites: StableHLOCompositeBuilder marks a pattern; its StableHLO is one op.
+
+class _Attention(torch.nn.Module):
+    """Two marked attention patterns, the second with a scale that is a graph scalar."""
+
+    def forward(self, x, y, scale: float = 4.0):
+        from torch_xla.experimental.mark_pattern_utils import StableHLOCompositeBuilder
+        b = StableHLOCompositeBuilder("test.sdpa", {"scale": 0.25, "ints": [1, 2], "flag": True, "s": "hi"})
+        q, k, v = b.mark_inputs(*x.split(4, dim=-2))
+        out = b.mark_outputs(torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.25))
+        b2 = StableHLOCompositeBuilder("test.sdpa", {"scale": 2})
+        q, k, v = b2.mark_inputs(*y.split(4, dim=-2))
+        out2 = b2.mark_outputs(torch.nn.functional.scaled_dot_product_attention(q, k, v) * scale)
+        return out + 1, out2
+
+
+def test_composite_builder_on_the_lazy_path_matches_cpu():
+    torch.manual_seed(0)
+    x, y = torch.randn(2, 3, 12, 8), torch.randn(2, 3, 12, 8)
+    m = _Attention()
+    for scale in (4.0, 0.5):      # the scale is a graph parameter: one program, both values right
+        ref = m(x, y, scale)
+        out = m(x.to(XLA), y.to(XLA), scale)
+        text = xm.get_stablehlo(list(out))
+        assert text.count('stablehlo.composite "test.sdpa"') == 2
+        assert ('composite_attributes = {flag = true, ints = dense<[1, 2]> : tensor<2xi64>, '
+                's = "hi", scale = 2.500000e-01 : f32}, decomposition = @test.sdpa.impl}') in text
+        assert "{composite_attributes = {scale = 2 : i64}, decomposition = @test.sdpa.impl_0}" in text
+        assert_same(out[0], ref[0], rtol=1e-5, atol=1e-5)
+        assert_same(out[1], ref[1], rtol=1e-5, atol=1e-5)
+
+
+def test_composite_in_exported_program_runs_saves_and_loads(tmp_path):
+    torch.manual_seed(0)
+    x, y = torch.randn(2, 3, 12, 8), torch.randn(2, 3, 12, 8)
+    ep = torch.export.export(_Attention(), (x, y))
+    shlo = exported_program_to_stablehlo(ep)
+    text = shlo.get_stablehlo_text()
+    assert text.count('stablehlo.composite "test.sdpa"') == 2
+    assert text.count("func.func private @test.sdpa.impl") == 2
+    ref = _Attention()(x, y)
+    assert_same(shlo(x, y)[1], ref[1], rtol=1e-5, atol=1e-5)
+    shlo.save(tmp_path / "e")
+    loaded = StableHLOGraphModule.load(tmp_path / "e")
+    assert_same(loaded(x, y)[0], ref[0], rtol=1e-5, atol=1e-5)
+
+
+def test_mark_tensor_values_inside_pattern_read_outside_and_bad_attributes():
+    def f(x, w):
+        a = torch.ops.xla.mark_tensor(x, "test.p", 0, "0", True)
+        h = a * w                                # read inside the pattern and after it
+        out = torch.ops.xla.mark_tensor(torch.tanh(h) + a, "test.p", 0, "0", False)
+        return out * 2 + h
+
+    x, w = torch.randn(5, 5), torch.randn(5, 5)
+    ref = f(x, w)
+    out = f(x.to(XLA), w.to(XLA))
+    text = xm.get_stablehlo([out])
+    assert text.count('stablehlo.composite "test.p"') == 1 and "{decomposition = @test.p.impl}" in text
+    assert_same(out, ref, rtol=1e-6, atol=1e-6)
+    for dev in ("cpu", XLA):
+        with pytest.raises(ValueError, match="attr value"):
+            torch.ops.xla.mark_tensor(x.to(dev), "test.p", 0, "1", False, attr=(("bad", 1j),))
+    from torch_xla.experimental.xla_marker import serialize_composite_attr
+    with pytest.raises(ValueError, match="dictionary"):
+        serialize_composite_attr([("a", 1)])

@@ -189,6 +189,13 @@ class StableHLOGraphModule:
         return cls(StableHLOModelBundle(state, methods))
 
 
+def _run_decompositions(exported: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """`exported` decomposed to core ATen (PyTorch's default table; `_safe_softmax` as softmax)."""
+    table = torch.export.default_decompositions()
+    table[torch.ops.aten._safe_softmax.default] = torch.softmax
+    return exported.run_decompositions(table)
+
+
 def _array_of(t: torch.Tensor):
     if t.device.type != "xla":
         return runtime.put(_to_numpy(t))
@@ -268,9 +275,7 @@ def _program_function(program, n_weights: int, inline_all: bool):
     tensors), and the extra constants' values. Every slot that is not an input is inlined
     as a constant, except Python scalars when not `inline_all`: those become the extra
     arguments. An input the program does not read is accepted and ignored."""
-    import jax.numpy as jnp
     graph = program.graph
-    base = build_fn(graph, False)
     slots = program.input_slots
     used = {s for s in slots if s >= 0}
     extra_slots, extra_values, consts = [], [], {}
@@ -282,16 +287,15 @@ def _program_function(program, n_weights: int, inline_all: bool):
             extra_values.append(torch.tensor(p.value, dtype=p.avals[0][1]))
         else:
             consts[s] = np.asarray(v)
+    base = build_fn(graph, False, constants=consts)
     order = slots[:n_weights] + extra_slots + slots[n_weights:]
     n = len(graph.params)
 
     def fn(*args):
-        params = [None] * n
+        params = [None] * n   # the constants' slots are compiled in and stay empty
         for s, a in zip(order, args):
             if s >= 0:
                 params[s] = a
-        for s, v in consts.items():
-            params[s] = jnp.asarray(v)
         return tuple(base(*params)[:program.n_out])
     return fn, extra_values
 

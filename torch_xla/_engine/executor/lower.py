@@ -1,11 +1,13 @@
 """A graph as a pure jax function of its parameters, one lowering per node."""
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from .. import ir, runtime
 from ..lowering import LoweringError, apply, ctx as lowering_ctx
-from . import manual
+from . import composites, manual
 from .graph import Graph
 
 
@@ -29,8 +31,11 @@ def lower_node(node: ir.Node, operand_vals: list) -> tuple:
     return apply(node.lowering, _subst(node.args, operand_vals), out_avals, cdt)
 
 
-def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False):
+def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False, constants: Optional[dict] = None):
     """A pure function params -> root values, evaluating the nodes with their lowerings.
+
+    `constants`: parameter slot -> host value compiled into the program instead (the
+    function still takes every parameter and ignores those).
 
     `checks`: when the graph has ops that check their indices (and XLA_CHECK_INDICES is
     on), the function returns one more value, the error vector of `checks.py`, and
@@ -38,16 +43,30 @@ def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False):
     import jax.numpy as jnp
     from . import checks as checking
     order, slot, index = graph.order, graph.slot, graph.index
-    root_pos = [(index[id(n)], i) for n, i in graph.roots]
     try:
         regions = manual.plan(graph)
     except manual.ManualRegionError as e:
         raise GraphCompileError(str(e)) from None
+    patterns = composites.plan(graph) if regions is None else None
+    if patterns is not None:   # the order evaluates each composite's operands before it
+        order = patterns.order
+        index = {id(n): k for k, n in enumerate(order)}
+    root_pos = [(index[id(n)], i) for n, i in graph.roots]
     plan = []
     for n in order:
         t = type(n)
         if t is ir.DeviceData or t is ir.ScalarParam:
-            plan.append(("p", slot[id(n)], None))
+            s = slot[id(n)]
+            if constants is not None and s in constants:
+                plan.append(("c", np.asarray(constants[s], dtype=runtime.device_dtype(n.avals[0][1])), None))
+            else:
+                plan.append(("p", s, None))
+        elif patterns is not None and id(n) in patterns.exits:
+            pattern, k = patterns.exits[id(n)]
+            deps = tuple((index[id(o)], i) for o, i in pattern.deps())
+            # constants are compiled into the composite's decomposition, not passed to it
+            host = tuple(plan[p][1] if plan[p][0] == "c" else None for p, _ in deps)
+            plan.append(("k", (pattern, k, host), deps))
         elif t is ir.Constant:
             shape, dt = n.avals[0]
             plan.append(("c", np.asarray(n.value, dtype=runtime.device_dtype(dt)), None))
@@ -80,9 +99,18 @@ def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False):
 
     def _run(params):
         vals = [None] * len(plan)
+        done = {}   # id(pattern) -> its outputs
         for pos, (kind, a, ops) in enumerate(plan):
             if kind == "p":
                 vals[pos] = (params[a],)
+            elif kind == "k":
+                pattern, k, host = a
+                outs = done.get(id(pattern))
+                if outs is None:
+                    args = [vals[p][i] if h is None else h for (p, i), h in zip(ops, host)]
+                    n_in = len(pattern.in_marks)
+                    outs = done[id(pattern)] = pattern.lower(args[:n_in], args[n_in:], lower_node)
+                vals[pos] = (outs[k],)
             elif kind == "c":
                 vals[pos] = (jnp.asarray(a),)
             elif kind == "s":
