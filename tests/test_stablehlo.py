@@ -131,10 +131,44 @@ def test_saved_export_runs_on_plain_jax_without_torch(tmp_path):
     assert meta["methods"]["forward"]["inputs"] == [[[4, 1, 28, 28], "float32"]]
 
 
-def test_dynamic_dims_refused_clearly():
+def test_dynamic_batch_exported_as_symbolic_and_runs_at_other_sizes(tmp_path):
     m, x = _mnist()
-    ep = torch.export.export(m, (x,), dynamic_shapes=({0: torch.export.Dim("batch", min=2)},))
-    with pytest.raises(ValueError, match="dynamic dimensions"):
+    ep = torch.export.export(m, (x,), dynamic_shapes=({0: torch.export.Dim("batch", min=2, max=64)},))
+    shlo = exported_program_to_stablehlo(ep)
+    main = next(line for line in shlo.get_stablehlo_text().splitlines() if "func.func public @main" in line)
+    assert "tensor<?x1x28x28xf32>" in main and "-> (tensor<?x10xf32>" in main
+    for b in (2, 7, 4):
+        xb = torch.randn(b, 1, 28, 28)
+        assert_same(shlo(xb), m(xb), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="exported for"):
+        shlo(torch.randn(3, 1, 28, 27))
+    shlo.save(tmp_path / "d")
+    loaded = StableHLOGraphModule.load(tmp_path / "d")
+    xb = torch.randn(9, 1, 28, 28)
+    assert_same(loaded(xb), m(xb), rtol=1e-5, atol=1e-5)
+    meta = json.loads((tmp_path / "d" / "meta.json").read_text())["methods"]["forward"]
+    assert meta["inputs"][0][0][1:] == [1, 28, 28] and isinstance(meta["inputs"][0][0][0], str)
+
+
+def test_decoder_with_dynamic_batch_and_sequence_matches_cpu():
+    torch.manual_seed(0)
+    dec = Decoder(n_layers=1).eval()
+    idx = torch.randint(0, 128, (2, 16))
+    dims = {0: torch.export.Dim("batch", max=32), 1: torch.export.Dim("seq", max=32)}
+    shlo = exported_program_to_stablehlo(torch.export.export(dec, (idx,), dynamic_shapes=(dims,)))
+    for b, t in ((1, 5), (3, 16), (2, 31)):   # B*T and T*T sizes inside the graph follow both
+        i = torch.randint(0, 128, (b, t))
+        assert_same(shlo(i), dec(i), rtol=1e-4, atol=1e-5)
+
+
+def test_dynamic_dims_that_are_not_plain_dims_refused_clearly():
+    class Half(torch.nn.Module):
+        def forward(self, x):
+            return x[: x.shape[0] // 2] * 2
+
+    b = torch.export.Dim("b", min=1, max=32)
+    ep = torch.export.export(Half(), (torch.randn(6, 3),), dynamic_shapes=({0: 2 * b},))
+    with pytest.raises(ValueError, match="only plain torch.export.Dim sizes"):
         exported_program_to_stablehlo(ep)
 
 

@@ -24,11 +24,14 @@ def _subst(a, vals):
     return a
 
 
-def lower_node(node: ir.Node, operand_vals: list) -> tuple:
-    """Applies a node's lowering to jax values; returns its outputs as a tuple."""
-    out_avals = tuple(None if a is None else (a[0], runtime.device_dtype(a[1])) for a in node.avals)
+def lower_node(node: ir.Node, operand_vals: list, args: Optional[tuple] = None,
+               avals: Optional[tuple] = None) -> tuple:
+    """Applies a node's lowering to jax values; returns its outputs as a tuple. `args` /
+    `avals` replace the node's own (sizes as symbolic expressions: `symbolic.py`)."""
+    avals = node.avals if avals is None else avals
+    out_avals = tuple(None if a is None else (a[0], runtime.device_dtype(a[1])) for a in avals)
     cdt = runtime.device_dtype(node.info) if node.lowering.promote and node.info is not None else None
-    return apply(node.lowering, _subst(node.args, operand_vals), out_avals, cdt)
+    return apply(node.lowering, _subst(node.args if args is None else args, operand_vals), out_avals, cdt)
 
 
 def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False, constants: Optional[dict] = None):
