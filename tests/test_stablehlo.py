@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -282,3 +283,33 @@ def test_mark_tensor_values_inside_pattern_read_outside_and_bad_attributes():
     from torch_xla.experimental.xla_marker import serialize_composite_attr
     with pytest.raises(ValueError, match="dictionary"):
         serialize_composite_attr([("a", 1)])
+
+
+# Unbounded sizes on the lazy path: `_xla_mark_dynamic` makes a size `?` in the text.
+
+def test_mark_dynamic_broadcasts_at_run_time_in_the_text_and_runs_with_real_sizes():
+    torch.manual_seed(0)
+    a, b = torch.randn(6, 1, 5), torch.randn(4, 5)
+    xa, xb = a.to(XLA), b.to(XLA)
+    torch_xla._XLAC._xla_mark_dynamic(xa, 0)
+    torch_xla._XLAC._xla_mark_dynamic(xb, -2)
+    out = torch.exp(xa * xb + 0.5)
+    text = xm.get_stablehlo([out])
+    assert "tensor<?x1x5xf32>" in text and "tensor<?x5xf32>" in text
+    assert re.search(r"dynamic_broadcast_in_dim .*dims = \[1, 2\] : \(tensor<\?x5xf32>, tensor<3xi32>\) "
+                     r"-> tensor<\?x\?x5xf32>", text)
+    assert_same(out, torch.exp(a * b + 0.5), rtol=1e-6, atol=1e-6)   # running uses the real sizes
+
+
+def test_mark_dynamic_refuses_what_it_cannot_lower():
+    xa = torch.randn(6, 5).to(XLA)
+    torch_xla._XLAC._xla_mark_dynamic(xa, 0)
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        torch_xla._XLAC._xla_mark_dynamic(xa, 2)
+    with pytest.raises(IndexError):
+        torch.randn(6, 5).size(2)                  # the CPU's exception for the same mistake
+    with pytest.raises(ValueError, match="device data"):
+        torch_xla._XLAC._xla_mark_dynamic(xa + 1, 0)
+    s = (xa * 2).sum(0)
+    with pytest.raises(RuntimeError, match="elementwise ops only"):
+        xm.get_stablehlo([s])

@@ -164,6 +164,9 @@ def lowered(graph: Graph, strategy):
     """The jax `Lowered` program of a graph (no compilation, no execution), with the
     portable lowering of every op (convolutions as convolutions on every platform)."""
     jax = runtime.jax_module()
+    from . import unbounded
+    if unbounded.marked(graph):
+        return unbounded.lowered(graph)
     args = strategy.to_args(graph.param_values(), graph)
     fn = strategy.wrap(build_fn(graph, False), graph)
     return jax.jit(fn, keep_unused=True, **strategy.jit_options(graph, args)).lower(*args)
