@@ -313,3 +313,27 @@ def test_mark_dynamic_refuses_what_it_cannot_lower():
     s = (xa * 2).sum(0)
     with pytest.raises(RuntimeError, match="elementwise ops only"):
         xm.get_stablehlo([s])
+
+
+def test_export_scalar_operands_are_constants_of_the_op_shape():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.aten.rsub(x, 1.0) * 2.5 + x / 3.0
+
+    x = torch.rand(2, 3)
+    shlo = exported_program_to_stablehlo(torch.export.export(M(), (x,)))
+    text = shlo.get_stablehlo_text()
+    for v in ("1.000000e+00", "2.500000e+00", "3.000000e+00"):
+        assert f"stablehlo.constant dense<{v}> : tensor<2x3xf32>" in text
+    assert "broadcast_in_dim" not in text
+    assert_same(shlo(x), M()(x), rtol=1e-6, atol=1e-6)
+
+
+def test_export_of_graphs_that_recorded_the_cpu_device():
+    class M(torch.nn.Module):
+        def forward(self, x):   # `.float()` asserts the traced device; `torch.ones` makes a tensor there
+            return (x == 0.5).float() + torch.lerp(x, torch.ones(2, 3), 0.25)
+
+    x = torch.rand(2, 3)
+    x[0, 0] = 0.5
+    assert_same(exported_program_to_stablehlo(torch.export.export(M(), (x,)))(x), M()(x), rtol=1e-6, atol=1e-6)

@@ -205,6 +205,22 @@ def _array_of(t: torch.Tensor):
     return executor.materialize(state_of(t))
 
 
+class _OnDevice(torch.fx.Interpreter):
+    """Runs an exported graph on the xla device: the graph recorded the device of its
+    example inputs (`device=cpu` of factories and `_assert_tensor_metadata`); those
+    name the xla device instead."""
+
+    def __init__(self, gm: torch.fx.GraphModule, device: torch.device):
+        super().__init__(gm)
+        self.device = device
+
+    def call_function(self, target, args, kwargs):
+        dev = kwargs.get("device")
+        if isinstance(dev, torch.device) and dev.type == "cpu":
+            kwargs = dict(kwargs, device=self.device)
+        return super().call_function(target, args, kwargs)
+
+
 def _dynamic_dims(exported: torch.export.ExportedProgram, n_leaves: int) -> Dict[str, dict]:
     """The exported program's symbolic input sizes: symbol -> {"range": (lo, hi),
     "example": size, "at": [(flat user input, dim)]}."""
@@ -263,7 +279,7 @@ def exported_program_to_stablehlo(exported: torch.export.ExportedProgram,
     gm = exported.graph_module
 
     def run(*flat):
-        outs = gm(*flat)
+        outs = _OnDevice(gm, dev).run(*flat)
         outs = outs if isinstance(outs, (tuple, list)) else (outs,)
         return [outs[i] for i in user_out_pos]
 

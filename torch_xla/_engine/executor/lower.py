@@ -6,7 +6,7 @@ from typing import Optional
 import numpy as np
 
 from .. import ir, runtime
-from ..lowering import LoweringError, apply, ctx as lowering_ctx
+from ..lowering import LoweringError, apply, constants as lowering_constants, ctx as lowering_ctx
 from . import composites, manual
 from .graph import Graph
 
@@ -34,11 +34,58 @@ def lower_node(node: ir.Node, operand_vals: list, args: Optional[tuple] = None,
     return apply(node.lowering, _subst(node.args if args is None else args, operand_vals), out_avals, cdt)
 
 
+_OPERAND_POS: dict = {}
+
+
+def _operand_pos(op: str) -> tuple:
+    """The positions of arguments `self` and `other` (the operands, which may be Python
+    scalars) in `op`'s schema."""
+    if op not in _OPERAND_POS:
+        import torch
+        name, _, overload = op[len("aten::"):].partition(".")
+        try:
+            schema = getattr(getattr(torch.ops.aten, name), overload or "default")._schema
+            _OPERAND_POS[op] = tuple(k for k, a in enumerate(schema.arguments) if a.name in ("self", "other"))
+        except (AttributeError, RuntimeError):
+            _OPERAND_POS[op] = ()
+    return _OPERAND_POS[op]
+
+
+def _splats(n: ir.Node, ops: tuple, plan: list) -> Optional[tuple]:
+    """For elementwise node `n` with an output that is not 0-d: (per operand, the output
+    shape where the operand is a 0-d host constant, else None; the positions of inline
+    Python scalar operands). None when there is nothing to widen."""
+    shape = n.avals[0][0] if n.avals and n.avals[0] is not None else ()
+    if not shape or len(n.avals) != 1 or not n.lowering.fn.__module__.endswith("lowering.elementwise"):
+        return None
+    out = tuple(tuple(shape) if plan[p][0] == "c" and plan[p][1].ndim == 0 else None for p, _ in ops)
+    pos = _operand_pos(n.op) if n.op.startswith("aten::") else ()
+    inline = tuple(k for k in pos if k < len(n.args) and type(n.args[k]) in (int, float))
+    return (out, inline) if inline or any(s is not None for s in out) else None
+
+
+def _lower_splats(a, ops, vals, plan) -> tuple:
+    """Lowers an elementwise node whose scalar constants are widened to its shape."""
+    node, (splats, inline) = a
+    shape, dtype = node.avals[0]
+    dt = runtime.device_dtype(node.info if node.lowering.promote and node.info is not None else dtype)
+    operands = [vals[p][i] if sp is None else lowering_constants.splat(plan[p][1].astype(dt), sp)
+                for (p, i), sp in zip(ops, splats)]
+    args = None
+    if inline:
+        args = list(node.args)
+        for k in inline:
+            args[k] = lowering_constants.splat(np.asarray(args[k], dtype=dt), shape)
+        args = tuple(args)
+    return lower_node(node, operands, args)
+
+
 def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False, constants: Optional[dict] = None):
     """A pure function params -> root values, evaluating the nodes with their lowerings.
 
     `constants`: parameter slot -> host value compiled into the program instead (the
-    function still takes every parameter and ignores those).
+    function still takes every parameter and ignores those); the StableHLO export's
+    form: a scalar constant of an elementwise op is one constant of the op's shape.
 
     `checks`: when the graph has ops that check their indices (and XLA_CHECK_INDICES is
     on), the function returns one more value, the error vector of `checks.py`, and
@@ -79,7 +126,9 @@ def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False, const
             region = regions.exits[id(n)]
             plan.append(("x", region, tuple((index[id(o)], i) for o, i in region.inputs)))
         else:
-            plan.append(("n", n, tuple((index[id(o)], i) for o, i in n.operands)))
+            ops = tuple((index[id(o)], i) for o, i in n.operands)
+            splats = _splats(n, ops, plan) if constants is not None else None
+            plan.append(("n", n, ops) if splats is None else ("ns", (n, splats), ops))
 
     sources = ir.SOURCES
     if sources:
@@ -118,6 +167,8 @@ def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False, const
                 vals[pos] = (jnp.asarray(a),)
             elif kind == "s":
                 continue
+            elif kind == "ns":
+                vals[pos] = _lower_splats(a, ops, vals, plan)
             elif kind == "x":
                 # per-device code (inside shard_map): its checks cannot leave the region
                 saved, lowering_ctx.checks = lowering_ctx.checks, None
