@@ -115,10 +115,15 @@ np.save(out_file, np.asarray(out[0]))
 """
 
 
-def test_saved_export_runs_on_plain_jax_without_torch(tmp_path):
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_saved_export_runs_on_plain_jax_without_torch(tmp_path, dynamic):
     m, x = _mnist()
-    torch_xla.save_torch_model_as_stablehlo(m, (x,), tmp_path / "export")
-    x2 = torch.randn(4, 1, 28, 28)
+    if dynamic:   # a symbolic batch: plain jax runs it at a batch size never traced
+        ep = torch.export.export(m, (x,), dynamic_shapes=({0: torch.export.Dim("batch", max=64)},))
+        save_as_stablehlo(ep, tmp_path / "export")
+    else:
+        torch_xla.save_torch_model_as_stablehlo(m, (x,), tmp_path / "export")
+    x2 = torch.randn(11 if dynamic else 4, 1, 28, 28)
     np.save(tmp_path / "x.npy", x2.numpy())
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["JAX_PLATFORMS"] = "cpu"
@@ -129,7 +134,9 @@ def test_saved_export_runs_on_plain_jax_without_torch(tmp_path):
     torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "out.npy")), m(x2).detach(),
                                rtol=1e-5, atol=1e-5)
     meta = json.loads((tmp_path / "export" / "meta.json").read_text())
-    assert meta["methods"]["forward"]["inputs"] == [[[4, 1, 28, 28], "float32"]]
+    batch = meta["methods"]["forward"]["inputs"][0][0][0]
+    assert meta["methods"]["forward"]["inputs"] == [[[batch, 1, 28, 28], "float32"]]
+    assert isinstance(batch, str) if dynamic else batch == 4
 
 
 def test_dynamic_batch_exported_as_symbolic_and_runs_at_other_sizes(tmp_path):
