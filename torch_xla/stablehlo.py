@@ -221,9 +221,9 @@ class _OnDevice(torch.fx.Interpreter):
         return super().call_function(target, args, kwargs)
 
 
-def _dynamic_dims(exported: torch.export.ExportedProgram, n_leaves: int) -> Dict[str, dict]:
+def _dynamic_dims(exported: torch.export.ExportedProgram, leaves: list) -> Dict[str, dict]:
     """The exported program's symbolic input sizes: symbol -> {"range": (lo, hi),
-    "example": size, "at": [(flat user input, dim)]}."""
+    "example": its size in `leaves` (the inputs traced first), "at": [(flat user input, dim)]}."""
     placeholders = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
     users = [sp for sp in exported.graph_signature.input_specs if sp.kind.name == "USER_INPUT"]
     out: Dict[str, dict] = {}
@@ -242,9 +242,11 @@ def _dynamic_dims(exported: torch.export.ExportedProgram, n_leaves: int) -> Dict
             vr = exported.range_constraints.get(expr)
             lo = int(vr.lower) if vr is not None and vr.lower.is_finite else 0
             hi = int(vr.upper) if vr is not None and vr.upper.is_finite else 2 ** 62
-            entry = out.setdefault(name, {"range": (max(lo, 1), hi), "example": size.node.hint, "at": []})
+            leaf = leaves[k] if k < len(leaves) else None
+            example = leaf.shape[d] if isinstance(leaf, torch.Tensor) and leaf.dim() > d else size.node.hint
+            entry = out.setdefault(name, {"range": (max(lo, 1), hi), "example": int(example), "at": []})
             entry["at"].append((k, d))
-    if out and len(users) != n_leaves:
+    if out and len(users) != len(leaves):
         raise ValueError("exported_program_to_stablehlo: dynamic dimensions with inputs that are not tensors")
     return out
 
@@ -272,7 +274,7 @@ def exported_program_to_stablehlo(exported: torch.export.ExportedProgram,
     else:
         args, kwargs = exported.example_inputs
     user_leaves, in_spec = pytree.tree_flatten((args, kwargs))
-    dynamic = _dynamic_dims(exported, len(user_leaves))
+    dynamic = _dynamic_dims(exported, user_leaves)
     dev = torch.device("xla", 0)
     xla_weights = [weights[n].to(dev) for n in weight_names]
     user_out_pos = [i for i, s in enumerate(sig.output_specs) if s.kind.name == "USER_OUTPUT"]
