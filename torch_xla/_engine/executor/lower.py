@@ -168,7 +168,13 @@ def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False, const
             elif kind == "s":
                 continue
             elif kind == "ns":
-                vals[pos] = _lower_splats(a, ops, vals, plan)
+                lowering_ctx.node = a[0]
+                try:
+                    vals[pos] = _lower_splats(a, ops, vals, plan)
+                except LoweringError as e:
+                    raise GraphCompileError(str(e)) from e
+                except Exception as e:
+                    raise GraphCompileError(f"lowering {a[0].op} failed: {type(e).__name__}: {e}") from e
             elif kind == "x":
                 # per-device code (inside shard_map): its checks cannot leave the region
                 saved, lowering_ctx.checks = lowering_ctx.checks, None
