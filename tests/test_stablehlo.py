@@ -344,3 +344,16 @@ def test_export_of_graphs_that_recorded_the_cpu_device():
     x = torch.rand(2, 3)
     x[0, 0] = 0.5
     assert_same(exported_program_to_stablehlo(torch.export.export(M(), (x,)))(x), M()(x), rtol=1e-6, atol=1e-6)
+
+
+def test_pattern_fed_by_its_own_output_is_not_grouped_and_stays_correct():
+    def f(x):
+        a = torch.ops.xla.mark_tensor(x, "test.p", 0, "0", True)
+        o = torch.ops.xla.mark_tensor(a * 2, "test.p", 0, "0", False)
+        b = torch.ops.xla.mark_tensor(o + 1, "test.p", 1, "0", True)   # an input made from an output
+        return torch.ops.xla.mark_tensor(b * 3, "test.p", 1, "0", False)
+
+    x = torch.randn(4)
+    out = f(x.to(XLA))
+    assert "stablehlo.composite" not in xm.get_stablehlo([out])
+    assert_same(out, f(x))

@@ -35,7 +35,7 @@ class Pattern:
 
     def close(self, index: Dict[int, int]) -> bool:
         """Finds the inside; False when the pattern cannot be one op (a missing side, or
-        an input mark reached through the pattern's own output)."""
+        an output mark that feeds another output or an input of the same pattern)."""
         if not self.in_marks or not self.out_marks:
             return False
         inputs = {id(m) for m in self.in_marks.values()}
@@ -50,6 +50,8 @@ class Pattern:
                 return False
             found.append(n)
             stack.extend(o for o, _ in n.operands)
+        if _reaches(outputs, [m.operands[0][0] for m in self.in_marks.values()]):
+            return False   # an input computed from the pattern's own output: no single op
         found.sort(key=lambda n: index[id(n)])
         depends = set(inputs)
         for n in found:
@@ -101,6 +103,20 @@ class Pattern:
             return lowering_composite.composite(body, self.name, self.attrs, operands)
         finally:
             lowering_ctx.checks = saved
+
+
+def _reaches(targets: set, start: list) -> bool:
+    """Whether walking operands back from `start` meets a node of `targets` (ids)."""
+    seen, stack = set(), list(start)
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        if id(n) in targets:
+            return True
+        seen.add(id(n))
+        stack.extend(o for o, _ in n.operands)
+    return False
 
 
 class Composites:
