@@ -179,6 +179,27 @@ def test_dynamic_dims_that_are_not_plain_dims_refused_clearly():
     with pytest.raises(ValueError, match="only plain torch.export.Dim sizes"):
         exported_program_to_stablehlo(ep)
 
+    class Diag(torch.nn.Module):
+        def forward(self, x):   # the diagonal's length is min(B, 5): not expressible here
+            return torch.diagonal(x) * 2
+
+    ep = torch.export.export(Diag(), (torch.randn(6, 5),), dynamic_shapes=({0: torch.export.Dim("b", min=3)},))
+    with pytest.raises(ValueError, match="aten::diagonal_copy cannot be lowered with dynamic dimensions"):
+        exported_program_to_stablehlo(ep)
+
+
+def test_dynamic_batch_through_reductions_and_slices_matches_cpu():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return x.mean(0) + x.var(0) + x[1:].sum(0) - x[-2:].std() + x.cumsum(0)[-1] + x.sort(0)[0][0]
+
+    x = torch.randn(6, 5)
+    ep = torch.export.export(M(), (x,), dynamic_shapes=({0: torch.export.Dim("b", min=3, max=64)},))
+    shlo = exported_program_to_stablehlo(ep)
+    for b in (3, 9, 6):
+        xb = torch.randn(b, 5)
+        assert_same(shlo(xb), M()(xb), rtol=1e-5, atol=1e-5)
+
 
 def test_xm_get_stablehlo_of_pending_tensors():
     m, x = _mnist()

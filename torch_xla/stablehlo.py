@@ -221,6 +221,14 @@ class _OnDevice(torch.fx.Interpreter):
         return super().call_function(target, args, kwargs)
 
 
+def _bound(v, default: int) -> int:
+    """A range bound of a size as an int (`default` when absent or infinite)."""
+    try:
+        return int(v) if v is not None else default
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        return default
+
+
 def _dynamic_dims(exported: torch.export.ExportedProgram, leaves: list) -> Dict[str, dict]:
     """The exported program's symbolic input sizes: symbol -> {"range": (lo, hi),
     "example": its size in `leaves` (the inputs traced first), "at": [(flat user input, dim)]}."""
@@ -240,8 +248,8 @@ def _dynamic_dims(exported: torch.export.ExportedProgram, leaves: list) -> Dict[
                                  f"dimension {d}; only plain torch.export.Dim sizes can be exported as dynamic")
             name = str(expr)
             vr = exported.range_constraints.get(expr)
-            lo = int(vr.lower) if vr is not None and vr.lower.is_finite else 0
-            hi = int(vr.upper) if vr is not None and vr.upper.is_finite else 2 ** 62
+            lo = _bound(vr.lower if vr is not None else None, 0)
+            hi = _bound(vr.upper if vr is not None else None, 2 ** 62)
             leaf = leaves[k] if k < len(leaves) else None
             example = leaf.shape[d] if isinstance(leaf, torch.Tensor) and leaf.dim() > d else size.node.hint
             entry = out.setdefault(name, {"range": (max(lo, 1), hi), "example": int(example), "at": []})

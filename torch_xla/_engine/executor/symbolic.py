@@ -141,8 +141,9 @@ class SymbolicGraph:
                     try:
                         vals[id(n)] = lower_node(n, ops, args, avals)
                     except Exception as e:
+                        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
                         raise DynamicShapeError(f"{n.op} cannot be lowered with dynamic dimensions "
-                                                f"({type(e).__name__}: {e}); export it with static shapes") from e
+                                                f"({type(e).__name__}: {first}); export it with static shapes") from e
             return tuple(vals[id(n)][i] for n, i in g.roots[:n_out])
         return fn
 
@@ -156,6 +157,8 @@ def _fit(column: Sequence[int], sizes: List[Dict[str, int]], names: List[str], s
     """The expression (integer coefficients on 1, each symbol and each product of two)
     that gives `column[k]` at `sizes[k]`: solved on all traces but the last, checked on
     every trace."""
+    if len(set(column)) == 1:
+        return column[0]
     mons = _monomials(names)
     rows = np.array([[np.prod([sz[n] for n in m]) if m else 1 for m in mons] for sz in sizes], dtype=np.float64)
     sol = np.linalg.solve(rows[:-1], np.asarray(column[:-1], dtype=np.float64))
