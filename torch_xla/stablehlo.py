@@ -221,6 +221,24 @@ class _OnDevice(torch.fx.Interpreter):
         return super().call_function(target, args, kwargs)
 
 
+def _affine(expr):
+    """(symbol, a, c) when sympy `expr` is a * symbol + c with integers a > 0 and c."""
+    syms = list(expr.free_symbols)
+    if len(syms) != 1:
+        return None
+    sym = syms[0]
+    try:
+        poly = expr.as_poly(sym)
+    except Exception:   # not a polynomial (floor division, max...)
+        return None
+    if poly is None or poly.degree() != 1:
+        return None
+    a, c = poly.all_coeffs()
+    if not (a.is_Integer and c.is_Integer and int(a) > 0):
+        return None
+    return sym, int(a), int(c)
+
+
 def _bound(v, default: int) -> int:
     """A range bound of a size as an int (`default` when absent or infinite)."""
     try:
@@ -231,7 +249,8 @@ def _bound(v, default: int) -> int:
 
 def _dynamic_dims(exported: torch.export.ExportedProgram, leaves: list) -> Dict[str, dict]:
     """The exported program's symbolic input sizes: symbol -> {"range": (lo, hi),
-    "example": its size in `leaves` (the inputs traced first), "at": [(flat user input, dim)]}."""
+    "example": its value in `leaves` (the inputs traced first), "at": [(flat user input,
+    dim, a, c)]}: that dimension's size is a * symbol + c (a derived `Dim`, as `2 * b`)."""
     placeholders = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
     users = [sp for sp in exported.graph_signature.input_specs if sp.kind.name == "USER_INPUT"]
     out: Dict[str, dict] = {}
@@ -243,17 +262,22 @@ def _dynamic_dims(exported: torch.export.ExportedProgram, leaves: list) -> Dict[
             if isinstance(size, int):
                 continue
             expr = size.node.expr
-            if not expr.is_Symbol:
+            affine = _affine(expr)
+            if affine is None:
                 raise ValueError(f"exported_program_to_stablehlo: input {spec.arg.name} has size {expr} in "
-                                 f"dimension {d}; only plain torch.export.Dim sizes can be exported as dynamic")
-            name = str(expr)
-            vr = exported.range_constraints.get(expr)
+                                 f"dimension {d}; only sizes a * Dim + c can be exported as dynamic")
+            sym, a, c = affine
+            name = str(sym)
+            vr = exported.range_constraints.get(sym)
             lo = _bound(vr.lower if vr is not None else None, 0)
             hi = _bound(vr.upper if vr is not None else None, 2 ** 62)
             leaf = leaves[k] if k < len(leaves) else None
-            example = leaf.shape[d] if isinstance(leaf, torch.Tensor) and leaf.dim() > d else size.node.hint
-            entry = out.setdefault(name, {"range": (max(lo, 1), hi), "example": int(example), "at": []})
-            entry["at"].append((k, d))
+            actual = leaf.shape[d] if isinstance(leaf, torch.Tensor) and leaf.dim() > d else size.node.hint
+            if (int(actual) - c) % a:
+                raise ValueError(f"exported_program_to_stablehlo: input {spec.arg.name} has {actual} in dimension "
+                                 f"{d}, which is not {expr} for any {name}")
+            entry = out.setdefault(name, {"range": (max(lo, 1), hi), "example": (int(actual) - c) // a, "at": []})
+            entry["at"].append((k, d, a, c))
     if out and len(users) != len(leaves):
         raise ValueError("exported_program_to_stablehlo: dynamic dimensions with inputs that are not tensors")
     return out
@@ -354,8 +378,8 @@ def _symbolic_program(program, dynamic: Dict[str, dict], leaves: list, trace):
     for size in sizes[1:]:
         shapes = {k: list(a.shape) for k, a in enumerate(leaves) if isinstance(a, torch.Tensor)}
         for n, d in dynamic.items():
-            for k, dim in d["at"]:
-                shapes[k][dim] = size[n]
+            for k, dim, a, c in d["at"]:
+                shapes[k][dim] = a * size[n] + c
         variant = [torch.zeros(shapes[k], dtype=a.dtype) if isinstance(a, torch.Tensor) else a
                    for k, a in enumerate(leaves)]
         graphs.append(trace(variant)[0].graph)
@@ -365,8 +389,8 @@ def _symbolic_program(program, dynamic: Dict[str, dict], leaves: list, trace):
         raise ValueError(f"exported_program_to_stablehlo: {e}") from None
     user_shapes = [list(a.shape) for a in leaves if isinstance(a, torch.Tensor)]
     for n, d in dynamic.items():
-        for k, dim in d["at"]:
-            user_shapes[tensor_pos[k]][dim] = symbols[n]
+        for k, dim, a, c in d["at"]:
+            user_shapes[tensor_pos[k]][dim] = a * symbols[n] + c
     return graph, user_shapes
 
 
