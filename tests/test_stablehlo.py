@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -114,10 +115,15 @@ np.save(out_file, np.asarray(out[0]))
 """
 
 
-def test_saved_export_runs_on_plain_jax_without_torch(tmp_path):
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_saved_export_runs_on_plain_jax_without_torch(tmp_path, dynamic):
     m, x = _mnist()
-    torch_xla.save_torch_model_as_stablehlo(m, (x,), tmp_path / "export")
-    x2 = torch.randn(4, 1, 28, 28)
+    if dynamic:   # a symbolic batch: plain jax runs it at a batch size never traced
+        ep = torch.export.export(m, (x,), dynamic_shapes=({0: torch.export.Dim("batch", max=64)},))
+        save_as_stablehlo(ep, tmp_path / "export")
+    else:
+        torch_xla.save_torch_model_as_stablehlo(m, (x,), tmp_path / "export")
+    x2 = torch.randn(11 if dynamic else 4, 1, 28, 28)
     np.save(tmp_path / "x.npy", x2.numpy())
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["JAX_PLATFORMS"] = "cpu"
@@ -128,14 +134,73 @@ def test_saved_export_runs_on_plain_jax_without_torch(tmp_path):
     torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "out.npy")), m(x2).detach(),
                                rtol=1e-5, atol=1e-5)
     meta = json.loads((tmp_path / "export" / "meta.json").read_text())
-    assert meta["methods"]["forward"]["inputs"] == [[[4, 1, 28, 28], "float32"]]
+    batch = meta["methods"]["forward"]["inputs"][0][0][0]
+    assert meta["methods"]["forward"]["inputs"] == [[[batch, 1, 28, 28], "float32"]]
+    assert isinstance(batch, str) if dynamic else batch == 4
 
 
-def test_dynamic_dims_refused_clearly():
+def test_dynamic_batch_exported_as_symbolic_and_runs_at_other_sizes(tmp_path):
     m, x = _mnist()
-    ep = torch.export.export(m, (x,), dynamic_shapes=({0: torch.export.Dim("batch", min=2)},))
-    with pytest.raises(ValueError, match="dynamic dimensions"):
+    ep = torch.export.export(m, (x,), dynamic_shapes=({0: torch.export.Dim("batch", min=2, max=64)},))
+    shlo = exported_program_to_stablehlo(ep)
+    main = next(line for line in shlo.get_stablehlo_text().splitlines() if "func.func public @main" in line)
+    assert "tensor<?x1x28x28xf32>" in main and "-> (tensor<?x10xf32>" in main
+    for b in (2, 7, 4):
+        xb = torch.randn(b, 1, 28, 28)
+        assert_same(shlo(xb), m(xb), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="exported for"):
+        shlo(torch.randn(3, 1, 28, 27))
+    shlo.save(tmp_path / "d")
+    loaded = StableHLOGraphModule.load(tmp_path / "d")
+    xb = torch.randn(9, 1, 28, 28)
+    assert_same(loaded(xb), m(xb), rtol=1e-5, atol=1e-5)
+    meta = json.loads((tmp_path / "d" / "meta.json").read_text())["methods"]["forward"]
+    assert meta["inputs"][0][0][1:] == [1, 28, 28] and isinstance(meta["inputs"][0][0][0], str)
+
+
+def test_decoder_with_dynamic_batch_and_sequence_matches_cpu():
+    torch.manual_seed(0)
+    dec = Decoder(n_layers=1).eval()
+    idx = torch.randint(0, 128, (2, 16))
+    dims = {0: torch.export.Dim("batch", max=32), 1: torch.export.Dim("seq", max=32)}
+    shlo = exported_program_to_stablehlo(torch.export.export(dec, (idx,), dynamic_shapes=(dims,)))
+    for b, t in ((1, 5), (3, 16), (2, 31)):   # B*T and T*T sizes inside the graph follow both
+        i = torch.randint(0, 128, (b, t))
+        assert_same(shlo(i), dec(i), rtol=1e-4, atol=1e-5)
+
+
+def test_derived_dim_exported_and_what_cannot_be_refused_clearly():
+    class Half(torch.nn.Module):
+        def forward(self, x):
+            return x[: x.shape[0] // 2] * 2
+
+    b = torch.export.Dim("b", min=1, max=32)
+    ep = torch.export.export(Half(), (torch.randn(6, 3),), dynamic_shapes=({0: 2 * b},))
+    shlo = exported_program_to_stablehlo(ep)      # the input's size is 2*b: the slice ends at b
+    for n in (4, 10, 6):
+        x = torch.randn(n, 3)
+        assert_same(shlo(x), Half()(x))
+
+    class Diag(torch.nn.Module):
+        def forward(self, x):   # the diagonal's length is min(B, 5): not expressible here
+            return torch.diagonal(x) * 2
+
+    ep = torch.export.export(Diag(), (torch.randn(6, 5),), dynamic_shapes=({0: torch.export.Dim("b", min=3)},))
+    with pytest.raises(ValueError, match="aten::diagonal_copy cannot be lowered with dynamic dimensions"):
         exported_program_to_stablehlo(ep)
+
+
+def test_dynamic_batch_through_reductions_and_slices_matches_cpu():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return x.mean(0) + x.var(0) + x[1:].sum(0) - x[-2:].std() + x.cumsum(0)[-1] + x.sort(0)[0][0]
+
+    x = torch.randn(6, 5)
+    ep = torch.export.export(M(), (x,), dynamic_shapes=({0: torch.export.Dim("b", min=3, max=64)},))
+    shlo = exported_program_to_stablehlo(ep)
+    for b in (3, 9, 6):
+        xb = torch.randn(b, 5)
+        assert_same(shlo(xb), M()(xb), rtol=1e-5, atol=1e-5)
 
 
 def test_xm_get_stablehlo_of_pending_tensors():
@@ -180,3 +245,138 @@ def test_export_bilinear_upsampling_matches_cpu():
     x = torch.randn(2, 3, 100, 100)
     out = exported_program_to_stablehlo(torch.export.export(Up(), (x,)))(x)
     assert_same(out, Up()(x), rtol=1e-5, atol=1e-4)
+
+
+# Composites: StableHLOCompositeBuilder marks a pattern; its StableHLO is one op.
+
+class _Attention(torch.nn.Module):
+    """Two marked attention patterns, the second with a scale that is a graph scalar."""
+
+    def forward(self, x, y, scale: float = 4.0):
+        from torch_xla.experimental.mark_pattern_utils import StableHLOCompositeBuilder
+        b = StableHLOCompositeBuilder("test.sdpa", {"scale": 0.25, "ints": [1, 2], "flag": True, "s": "hi"})
+        q, k, v = b.mark_inputs(*x.split(4, dim=-2))
+        out = b.mark_outputs(torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.25))
+        b2 = StableHLOCompositeBuilder("test.sdpa", {"scale": 2})
+        q, k, v = b2.mark_inputs(*y.split(4, dim=-2))
+        out2 = b2.mark_outputs(torch.nn.functional.scaled_dot_product_attention(q, k, v) * scale)
+        return out + 1, out2
+
+
+def test_composite_builder_on_the_lazy_path_matches_cpu():
+    torch.manual_seed(0)
+    x, y = torch.randn(2, 3, 12, 8), torch.randn(2, 3, 12, 8)
+    m = _Attention()
+    for scale in (4.0, 0.5):      # the scale is a graph parameter: one program, both values right
+        ref = m(x, y, scale)
+        out = m(x.to(XLA), y.to(XLA), scale)
+        text = xm.get_stablehlo(list(out))
+        assert text.count('stablehlo.composite "test.sdpa"') == 2
+        assert ('composite_attributes = {flag = true, ints = dense<[1, 2]> : tensor<2xi64>, '
+                's = "hi", scale = 2.500000e-01 : f32}, decomposition = @test.sdpa.impl}') in text
+        assert "{composite_attributes = {scale = 2 : i64}, decomposition = @test.sdpa.impl_0}" in text
+        assert_same(out[0], ref[0], rtol=1e-5, atol=1e-5)
+        assert_same(out[1], ref[1], rtol=1e-5, atol=1e-5)
+
+
+def test_composite_in_exported_program_runs_saves_and_loads(tmp_path):
+    torch.manual_seed(0)
+    x, y = torch.randn(2, 3, 12, 8), torch.randn(2, 3, 12, 8)
+    ep = torch.export.export(_Attention(), (x, y))
+    shlo = exported_program_to_stablehlo(ep)
+    text = shlo.get_stablehlo_text()
+    assert text.count('stablehlo.composite "test.sdpa"') == 2
+    assert text.count("func.func private @test.sdpa.impl") == 2
+    ref = _Attention()(x, y)
+    assert_same(shlo(x, y)[1], ref[1], rtol=1e-5, atol=1e-5)
+    shlo.save(tmp_path / "e")
+    loaded = StableHLOGraphModule.load(tmp_path / "e")
+    assert_same(loaded(x, y)[0], ref[0], rtol=1e-5, atol=1e-5)
+
+
+def test_mark_tensor_values_inside_pattern_read_outside_and_bad_attributes():
+    def f(x, w):
+        a = torch.ops.xla.mark_tensor(x, "test.p", 0, "0", True)
+        h = a * w                                # read inside the pattern and after it
+        out = torch.ops.xla.mark_tensor(torch.tanh(h) + a, "test.p", 0, "0", False)
+        return out * 2 + h
+
+    x, w = torch.randn(5, 5), torch.randn(5, 5)
+    ref = f(x, w)
+    out = f(x.to(XLA), w.to(XLA))
+    text = xm.get_stablehlo([out])
+    assert text.count('stablehlo.composite "test.p"') == 1 and "{decomposition = @test.p.impl}" in text
+    assert_same(out, ref, rtol=1e-6, atol=1e-6)
+    for dev in ("cpu", XLA):
+        with pytest.raises(ValueError, match="attr value"):
+            torch.ops.xla.mark_tensor(x.to(dev), "test.p", 0, "1", False, attr=(("bad", 1j),))
+    from torch_xla.experimental.xla_marker import serialize_composite_attr
+    with pytest.raises(ValueError, match="dictionary"):
+        serialize_composite_attr([("a", 1)])
+
+
+# Unbounded sizes on the lazy path: `_xla_mark_dynamic` makes a size `?` in the text.
+
+def test_mark_dynamic_broadcasts_at_run_time_in_the_text_and_runs_with_real_sizes():
+    torch.manual_seed(0)
+    a, b = torch.randn(6, 1, 5), torch.randn(4, 5)
+    xa, xb = a.to(XLA), b.to(XLA)
+    torch_xla._XLAC._xla_mark_dynamic(xa, 0)
+    torch_xla._XLAC._xla_mark_dynamic(xb, -2)
+    out = torch.exp(xa * xb + 0.5)
+    text = xm.get_stablehlo([out])
+    assert "tensor<?x1x5xf32>" in text and "tensor<?x5xf32>" in text
+    assert re.search(r"dynamic_broadcast_in_dim .*dims = \[1, 2\] : \(tensor<\?x5xf32>, tensor<3xi32>\) "
+                     r"-> tensor<\?x\?x5xf32>", text)
+    assert_same(out, torch.exp(a * b + 0.5), rtol=1e-6, atol=1e-6)   # running uses the real sizes
+
+
+def test_mark_dynamic_refuses_what_it_cannot_lower():
+    xa = torch.randn(6, 5).to(XLA)
+    torch_xla._XLAC._xla_mark_dynamic(xa, 0)
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        torch_xla._XLAC._xla_mark_dynamic(xa, 2)
+    with pytest.raises(IndexError):
+        torch.randn(6, 5).size(2)                  # the CPU's exception for the same mistake
+    with pytest.raises(ValueError, match="device data"):
+        torch_xla._XLAC._xla_mark_dynamic(xa + 1, 0)
+    s = (xa * 2).sum(0)
+    with pytest.raises(RuntimeError, match="elementwise ops only"):
+        xm.get_stablehlo([s])
+
+
+def test_export_scalar_operands_are_constants_of_the_op_shape():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.aten.rsub(x, 1.0) * 2.5 + x / 3.0
+
+    x = torch.rand(2, 3)
+    shlo = exported_program_to_stablehlo(torch.export.export(M(), (x,)))
+    text = shlo.get_stablehlo_text()
+    for v in ("1.000000e+00", "2.500000e+00", "3.000000e+00"):
+        assert f"stablehlo.constant dense<{v}> : tensor<2x3xf32>" in text
+    assert "broadcast_in_dim" not in text
+    assert_same(shlo(x), M()(x), rtol=1e-6, atol=1e-6)
+
+
+def test_export_of_graphs_that_recorded_the_cpu_device():
+    class M(torch.nn.Module):
+        def forward(self, x):   # `.float()` asserts the traced device; `torch.ones` makes a tensor there
+            return (x == 0.5).float() + torch.lerp(x, torch.ones(2, 3), 0.25)
+
+    x = torch.rand(2, 3)
+    x[0, 0] = 0.5
+    assert_same(exported_program_to_stablehlo(torch.export.export(M(), (x,)))(x), M()(x), rtol=1e-6, atol=1e-6)
+
+
+def test_pattern_fed_by_its_own_output_is_not_grouped_and_stays_correct():
+    def f(x):
+        a = torch.ops.xla.mark_tensor(x, "test.p", 0, "0", True)
+        o = torch.ops.xla.mark_tensor(a * 2, "test.p", 0, "0", False)
+        b = torch.ops.xla.mark_tensor(o + 1, "test.p", 1, "0", True)   # an input made from an output
+        return torch.ops.xla.mark_tensor(b * 3, "test.p", 1, "0", False)
+
+    x = torch.randn(4)
+    out = f(x.to(XLA))
+    assert "stablehlo.composite" not in xm.get_stablehlo([out])
+    assert_same(out, f(x))

@@ -70,6 +70,22 @@ def _get_stablehlo_bytecode(tensors: Optional[List[torch.Tensor]]) -> bytes:
     return buf.getvalue()
 
 
+def _xla_mark_dynamic(t: torch.Tensor, dim: int) -> None:
+    """Declares dimension `dim` of device data `t` unbounded: the StableHLO text of the
+    graphs reading it (`xm.get_stablehlo`) has that size as `?`; running them does not
+    change."""
+    from ._engine.executor import unbounded
+    rank = t.dim()
+    if not -rank <= dim < max(rank, 1) or rank == 0:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], "
+                         f"but got {dim})")
+    node = state_of(t).node
+    if type(node) is not ir.DeviceData:
+        raise ValueError("_xla_mark_dynamic: the tensor must be device data (a tensor moved to the device or "
+                         "materialized by a sync), not the pending result of ops")
+    unbounded.mark(node, dim % rank)
+
+
 def _xla_metrics_report() -> str:
     metrics.settle()
     return format_report(sorted(metrics.metrics), sorted(metrics.counter_items()))

@@ -93,7 +93,9 @@ class StableHLOGraphModule:
         flat = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
         got = [(tuple(a.shape), _dtype_name(a.dtype)) for a in flat]
         want = [(tuple(s), d) for s, d in func.input_avals]
-        if got != want:
+        if len(got) != len(want) or any(
+                gd != wd or len(gs) != len(ws) or any(isinstance(w, int) and g != w for g, w in zip(gs, ws))
+                for (gs, gd), (ws, wd) in zip(got, want)):
             raise ValueError(f"StableHLOGraphModule.{method}: inputs {got}, the program was exported for {want}")
         jax = runtime.jax_module()
         fn = self._calls.get(method)
@@ -104,8 +106,8 @@ class StableHLOGraphModule:
         outs = fn(*weights, *arrays)
         metrics.inc("ExecuteCount")
         res = []
-        for o, (shape, dname) in zip(outs, func.output_avals):
-            shape, dtype = tuple(shape), getattr(torch, dname)
+        for o, (_, dname) in zip(outs, func.output_avals):
+            shape, dtype = tuple(o.shape), getattr(torch, dname)
             res.append(wrap_user(make_tensor(ir.DeviceData(o, (shape, dtype)), 0, shape, dtype)))
         return pytree.tree_unflatten(res, pytree.treespec_loads(func.out_spec))
 
@@ -189,6 +191,13 @@ class StableHLOGraphModule:
         return cls(StableHLOModelBundle(state, methods))
 
 
+def _run_decompositions(exported: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """`exported` decomposed to core ATen (PyTorch's default table; `_safe_softmax` as softmax)."""
+    table = torch.export.default_decompositions()
+    table[torch.ops.aten._safe_softmax.default] = torch.softmax
+    return exported.run_decompositions(table)
+
+
 def _array_of(t: torch.Tensor):
     if t.device.type != "xla":
         return runtime.put(_to_numpy(t))
@@ -196,22 +205,89 @@ def _array_of(t: torch.Tensor):
     return executor.materialize(state_of(t))
 
 
-def _check_static(exported: torch.export.ExportedProgram) -> None:
-    for node in exported.graph.nodes:
-        if node.op != "placeholder":
+class _OnDevice(torch.fx.Interpreter):
+    """Runs an exported graph on the xla device: the graph recorded the device of its
+    example inputs (`device=cpu` of factories and `_assert_tensor_metadata`); those
+    name the xla device instead."""
+
+    def __init__(self, gm: torch.fx.GraphModule, device: torch.device):
+        super().__init__(gm)
+        self.device = device
+
+    def call_function(self, target, args, kwargs):
+        dev = kwargs.get("device")
+        if isinstance(dev, torch.device) and dev.type == "cpu":
+            kwargs = dict(kwargs, device=self.device)
+        return super().call_function(target, args, kwargs)
+
+
+def _affine(expr):
+    """(symbol, a, c) when sympy `expr` is a * symbol + c with integers a > 0 and c."""
+    syms = list(expr.free_symbols)
+    if len(syms) != 1:
+        return None
+    sym = syms[0]
+    try:
+        poly = expr.as_poly(sym)
+    except Exception:   # not a polynomial (floor division, max...)
+        return None
+    if poly is None or poly.degree() != 1:
+        return None
+    a, c = poly.all_coeffs()
+    if not (a.is_Integer and c.is_Integer and int(a) > 0):
+        return None
+    return sym, int(a), int(c)
+
+
+def _bound(v, default: int) -> int:
+    """A range bound of a size as an int (`default` when absent or infinite)."""
+    try:
+        return int(v) if v is not None else default
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        return default
+
+
+def _dynamic_dims(exported: torch.export.ExportedProgram, leaves: list) -> Dict[str, dict]:
+    """The exported program's symbolic input sizes: symbol -> {"range": (lo, hi),
+    "example": its value in `leaves` (the inputs traced first), "at": [(flat user input,
+    dim, a, c)]}: that dimension's size is a * symbol + c (a derived `Dim`, as `2 * b`)."""
+    placeholders = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
+    users = [sp for sp in exported.graph_signature.input_specs if sp.kind.name == "USER_INPUT"]
+    out: Dict[str, dict] = {}
+    for k, spec in enumerate(users):
+        val = placeholders[spec.arg.name].meta.get("val") if hasattr(spec.arg, "name") else None
+        if not isinstance(val, torch.Tensor):
             continue
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor) and any(not isinstance(d, int) for d in val.shape):
-            raise ValueError(
-                f"exported_program_to_stablehlo: input {node.name} has dynamic dimensions {tuple(val.shape)}; "
-                "this exporter lowers with static shapes only: export with concrete shapes (no torch.export.Dim)")
+        for d, size in enumerate(val.shape):
+            if isinstance(size, int):
+                continue
+            expr = size.node.expr
+            affine = _affine(expr)
+            if affine is None:
+                raise ValueError(f"exported_program_to_stablehlo: input {spec.arg.name} has size {expr} in "
+                                 f"dimension {d}; only sizes a * Dim + c can be exported as dynamic")
+            sym, a, c = affine
+            name = str(sym)
+            vr = exported.range_constraints.get(sym)
+            lo = _bound(vr.lower if vr is not None else None, 0)
+            hi = _bound(vr.upper if vr is not None else None, 2 ** 62)
+            leaf = leaves[k] if k < len(leaves) else None
+            actual = leaf.shape[d] if isinstance(leaf, torch.Tensor) and leaf.dim() > d else size.node.hint
+            if (int(actual) - c) % a:
+                raise ValueError(f"exported_program_to_stablehlo: input {spec.arg.name} has {actual} in dimension "
+                                 f"{d}, which is not {expr} for any {name}")
+            entry = out.setdefault(name, {"range": (max(lo, 1), hi), "example": (int(actual) - c) // a, "at": []})
+            entry["at"].append((k, d, a, c))
+    if out and len(users) != len(leaves):
+        raise ValueError("exported_program_to_stablehlo: dynamic dimensions with inputs that are not tensors")
+    return out
 
 
 def exported_program_to_stablehlo(exported: torch.export.ExportedProgram,
                                   options: Optional[StableHLOExportOptions] = None) -> StableHLOGraphModule:
-    """Lowers a `torch.export` program to StableHLO (traced once on the xla device)."""
+    """Lowers a `torch.export` program to StableHLO (traced once on the xla device; with
+    `torch.export.Dim` sizes, traced at a few sizes and exported with symbolic sizes)."""
     options = options or StableHLOExportOptions()
-    _check_static(exported)
     sig = exported.graph_signature
     weights: Dict[str, torch.Tensor] = {}
     weight_names: List[str] = []
@@ -230,24 +306,34 @@ def exported_program_to_stablehlo(exported: torch.export.ExportedProgram,
     else:
         args, kwargs = exported.example_inputs
     user_leaves, in_spec = pytree.tree_flatten((args, kwargs))
+    dynamic = _dynamic_dims(exported, user_leaves)
     dev = torch.device("xla", 0)
     xla_weights = [weights[n].to(dev) for n in weight_names]
-    xla_user = [a.detach().to(dev) if isinstance(a, torch.Tensor) else a for a in user_leaves]
     user_out_pos = [i for i, s in enumerate(sig.output_specs) if s.kind.name == "USER_OUTPUT"]
     gm = exported.graph_module
 
     def run(*flat):
-        outs = gm(*flat)
+        outs = _OnDevice(gm, dev).run(*flat)
         outs = outs if isinstance(outs, (tuple, list)) else (outs,)
         return [outs[i] for i in user_out_pos]
 
-    with torch.no_grad():
-        program = _capture.capture(run, *xla_weights, *xla_user)
-    inputs = xla_weights + [a for a in xla_user if isinstance(a, torch.Tensor)]
-    fn, extra = _program_function(program, len(xla_weights), options.inline_all_constant)
+    def trace(leaves):
+        xla_user = [a.detach().to(dev) if isinstance(a, torch.Tensor) else a for a in leaves]
+        with torch.no_grad():
+            return _capture.capture(run, *xla_weights, *xla_user), xla_user
+
+    program, xla_user = trace(user_leaves)
     jax = runtime.jax_module()
+    inputs = xla_weights + [a for a in xla_user if isinstance(a, torch.Tensor)]
+    user_shapes = [list(t.shape) for t in inputs[len(xla_weights):]]
+    symbolic = None
+    if dynamic:
+        symbolic, user_shapes = _symbolic_program(program, dynamic, user_leaves, trace)
+    fn, extra = _program_function(program, len(xla_weights), options.inline_all_constant, symbolic)
     avals = [jax.ShapeDtypeStruct(tuple(t.shape), runtime.device_dtype(t.dtype))
-             for t in inputs[:len(xla_weights)] + extra + inputs[len(xla_weights):]]
+             for t in inputs[:len(xla_weights)] + extra]
+    avals += [jax.ShapeDtypeStruct(tuple(shape), runtime.device_dtype(t.dtype))
+              for shape, t in zip(user_shapes, inputs[len(xla_weights):])]
     exp = jax.export.export(jax.jit(fn))(*avals)
     names = list(weight_names) + [f"__constant_{i}" for i in range(len(extra))]
     state = dict(weights) if options.export_weights else {}
@@ -255,45 +341,92 @@ def exported_program_to_stablehlo(exported: torch.export.ExportedProgram,
         state.update(zip(names[len(weight_names):], extra))
     roots = program.graph.roots
     out_spec = exported.call_spec.out_spec or pytree.tree_flatten([None] * len(roots))[1]
+    out_shapes = [list(a.shape) for a in exp.out_avals]
     func = StableHLOFunc(
         serialized=bytes(exp.serialize()), weight_names=names,
-        input_avals=[(list(t.shape), _dtype_name(t.dtype)) for t in inputs[len(xla_weights):]],
-        output_avals=[(list(n.avals[i][0]), _dtype_name(n.avals[i][1])) for n, i in roots[:program.n_out]],
+        input_avals=[(_shape_json(shape), _dtype_name(t.dtype))
+                     for shape, t in zip(user_shapes, inputs[len(xla_weights):])],
+        output_avals=[(_shape_json(shape), _dtype_name(n.avals[i][1]))
+                      for shape, (n, i) in zip(out_shapes, roots[:program.n_out])],
         in_spec=pytree.treespec_dumps(in_spec), out_spec=pytree.treespec_dumps(out_spec))
     return StableHLOGraphModule(StableHLOModelBundle(state, {"forward": func}))
 
 
-def _program_function(program, n_weights: int, inline_all: bool):
+def _shape_json(shape) -> list:
+    """A shape for meta.json: sizes as ints, symbolic sizes as their expression ("b", "2*b")."""
+    return [d if isinstance(d, int) else str(d) for d in shape]
+
+
+def _symbolic_program(program, dynamic: Dict[str, dict], leaves: list, trace):
+    """The program's graph with sizes as jax symbols (traced at the sizes `plan_sizes`
+    picks) and the user inputs' symbolic shapes."""
+    from ._engine.executor import symbolic as sym
+    jax = runtime.jax_module()
+    names = list(dynamic)
+    constraints = []
+    for n in names:
+        lo, hi = dynamic[n]["range"]
+        if lo > 1:
+            constraints.append(f"{n} >= {lo}")
+        if hi < 2 ** 62:
+            constraints.append(f"{n} <= {hi}")
+    dims = jax.export.symbolic_shape(", ".join(names), constraints=constraints)
+    symbols = dict(zip(names, dims))
+    sizes = sym.plan_sizes({n: d["range"] for n, d in dynamic.items()}, {n: d["example"] for n, d in dynamic.items()})
+    tensor_pos = {k: j for j, k in enumerate(i for i, a in enumerate(leaves) if isinstance(a, torch.Tensor))}
+    graphs = [program.graph]
+    for size in sizes[1:]:
+        shapes = {k: list(a.shape) for k, a in enumerate(leaves) if isinstance(a, torch.Tensor)}
+        for n, d in dynamic.items():
+            for k, dim, a, c in d["at"]:
+                shapes[k][dim] = a * size[n] + c
+        variant = [torch.zeros(shapes[k], dtype=a.dtype) if isinstance(a, torch.Tensor) else a
+                   for k, a in enumerate(leaves)]
+        graphs.append(trace(variant)[0].graph)
+    try:
+        graph = sym.SymbolicGraph(graphs, sizes, symbols)
+    except sym.DynamicShapeError as e:
+        raise ValueError(f"exported_program_to_stablehlo: {e}") from None
+    user_shapes = [list(a.shape) for a in leaves if isinstance(a, torch.Tensor)]
+    for n, d in dynamic.items():
+        for k, dim, a, c in d["at"]:
+            user_shapes[tensor_pos[k]][dim] = a * symbols[n] + c
+    return graph, user_shapes
+
+
+def _program_function(program, n_weights: int, inline_all: bool, symbolic=None):
     """The captured program as a jax function of (weights, extra constants, flat user
     tensors), and the extra constants' values. Every slot that is not an input is inlined
     as a constant, except Python scalars when not `inline_all`: those become the extra
-    arguments. An input the program does not read is accepted and ignored."""
-    import jax.numpy as jnp
+    arguments (a scalar that follows a dynamic size is computed from it instead). An
+    input the program does not read is accepted and ignored. `symbolic`: the graph with
+    symbolic sizes (`executor/symbolic.py`)."""
     graph = program.graph
-    base = build_fn(graph, False)
     slots = program.input_slots
     used = {s for s in slots if s >= 0}
     extra_slots, extra_values, consts = [], [], {}
     for s, (p, v) in enumerate(zip(graph.params, program.captured)):
         if s in used:
             continue
+        if symbolic is not None and s in symbolic.scalars:
+            continue
         if type(p) is ir.ScalarParam and not inline_all:
             extra_slots.append(s)
             extra_values.append(torch.tensor(p.value, dtype=p.avals[0][1]))
         else:
             consts[s] = np.asarray(v)
+    base = build_fn(graph, False, constants=consts) if symbolic is None else symbolic.fn(program.n_out, consts)
     order = slots[:n_weights] + extra_slots + slots[n_weights:]
     n = len(graph.params)
 
     def fn(*args):
-        params = [None] * n
+        params = [None] * n   # the constants' slots are compiled in and stay empty
         for s, a in zip(order, args):
             if s >= 0:
                 params[s] = a
-        for s, v in consts.items():
-            params[s] = jnp.asarray(v)
         return tuple(base(*params)[:program.n_out])
     return fn, extra_values
+
 
 
 def save_as_stablehlo(exported_model: torch.export.ExportedProgram, stablehlo_dir: os.PathLike,

@@ -167,6 +167,11 @@ class Constant(Node):
 # DeviceData leaves whose buffer a compiled graph may donate (`_XLAC._set_buffer_donation`).
 DONORS: "weakref.WeakSet" = weakref.WeakSet()
 
+# DeviceData leaf -> the dimensions `_XLAC._xla_mark_dynamic` declared unbounded: the
+# StableHLO text of a graph reading it has those sizes as `?` (executing uses the data's
+# own sizes).
+DYNAMIC_DIMS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
 
 # ---- source lines (XLA_HLO_DEBUG) -------------------------------------------------------
 

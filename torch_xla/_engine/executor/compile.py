@@ -165,6 +165,9 @@ def lowered(graph: Graph, strategy, manual_text: bool = False):
     portable lowering of every op (convolutions as convolutions on every platform);
     `manual_text`: see `build_fn`."""
     jax = runtime.jax_module()
+    from . import unbounded
+    if unbounded.marked(graph):
+        return unbounded.lowered(graph)
     args = strategy.to_args(graph.param_values(), graph)
     fn = strategy.wrap(build_fn(graph, False, manual_text=manual_text), graph)
     return jax.jit(fn, keep_unused=True, **strategy.jit_options(graph, args)).lower(*args)

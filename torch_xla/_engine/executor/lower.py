@@ -1,11 +1,13 @@
 """A graph as a pure jax function of its parameters, one lowering per node."""
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from .. import ir, runtime
-from ..lowering import LoweringError, apply, ctx as lowering_ctx
-from . import manual
+from ..lowering import LoweringError, apply, constants as lowering_constants, ctx as lowering_ctx
+from . import composites, manual
 from .graph import Graph
 
 
@@ -22,15 +24,69 @@ def _subst(a, vals):
     return a
 
 
-def lower_node(node: ir.Node, operand_vals: list) -> tuple:
-    """Applies a node's lowering to jax values; returns its outputs as a tuple."""
-    out_avals = tuple(None if a is None else (a[0], runtime.device_dtype(a[1])) for a in node.avals)
+def lower_node(node: ir.Node, operand_vals: list, args: Optional[tuple] = None,
+               avals: Optional[tuple] = None) -> tuple:
+    """Applies a node's lowering to jax values; returns its outputs as a tuple. `args` /
+    `avals` replace the node's own (sizes as symbolic expressions: `symbolic.py`)."""
+    avals = node.avals if avals is None else avals
+    out_avals = tuple(None if a is None else (a[0], runtime.device_dtype(a[1])) for a in avals)
     cdt = runtime.device_dtype(node.info) if node.lowering.promote and node.info is not None else None
-    return apply(node.lowering, _subst(node.args, operand_vals), out_avals, cdt)
+    return apply(node.lowering, _subst(node.args if args is None else args, operand_vals), out_avals, cdt)
 
 
-def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False, manual_text: bool = False):
+_OPERAND_POS: dict = {}
+
+
+def _operand_pos(op: str) -> tuple:
+    """The positions of arguments `self` and `other` (the operands, which may be Python
+    scalars) in `op`'s schema."""
+    if op not in _OPERAND_POS:
+        import torch
+        name, _, overload = op[len("aten::"):].partition(".")
+        try:
+            schema = getattr(getattr(torch.ops.aten, name), overload or "default")._schema
+            _OPERAND_POS[op] = tuple(k for k, a in enumerate(schema.arguments) if a.name in ("self", "other"))
+        except (AttributeError, RuntimeError):
+            _OPERAND_POS[op] = ()
+    return _OPERAND_POS[op]
+
+
+def _splats(n: ir.Node, ops: tuple, plan: list) -> Optional[tuple]:
+    """For elementwise node `n` with an output that is not 0-d: (per operand, the output
+    shape where the operand is a 0-d host constant, else None; the positions of inline
+    Python scalar operands). None when there is nothing to widen."""
+    shape = n.avals[0][0] if n.avals and n.avals[0] is not None else ()
+    if not shape or len(n.avals) != 1 or not n.lowering.fn.__module__.endswith("lowering.elementwise"):
+        return None
+    out = tuple(tuple(shape) if plan[p][0] == "c" and plan[p][1].ndim == 0 else None for p, _ in ops)
+    pos = _operand_pos(n.op) if n.op.startswith("aten::") else ()
+    inline = tuple(k for k in pos if k < len(n.args) and type(n.args[k]) in (int, float))
+    return (out, inline) if inline or any(s is not None for s in out) else None
+
+
+def _lower_splats(a, ops, vals, plan) -> tuple:
+    """Lowers an elementwise node whose scalar constants are widened to its shape."""
+    node, (splats, inline) = a
+    shape, dtype = node.avals[0]
+    dt = runtime.device_dtype(node.info if node.lowering.promote and node.info is not None else dtype)
+    operands = [vals[p][i] if sp is None else lowering_constants.splat(plan[p][1].astype(dt), sp)
+                for (p, i), sp in zip(ops, splats)]
+    args = None
+    if inline:
+        args = list(node.args)
+        for k in inline:
+            args[k] = lowering_constants.splat(np.asarray(args[k], dtype=dt), shape)
+        args = tuple(args)
+    return lower_node(node, operands, args)
+
+
+def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False, manual_text: bool = False,
+             constants: Optional[dict] = None):
     """A pure function params -> root values, evaluating the nodes with their lowerings.
+
+    `constants`: parameter slot -> host value compiled into the program instead (the
+    function still takes every parameter and ignores those); the StableHLO export's
+    form: a scalar constant of an elementwise op is one constant of the op's shape.
 
     `checks`: when the graph has ops that check their indices (and XLA_CHECK_INDICES is
     on), the function returns one more value, the error vector of `checks.py`, and
@@ -40,16 +96,30 @@ def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False, manua
     import jax.numpy as jnp
     from . import checks as checking
     order, slot, index = graph.order, graph.slot, graph.index
-    root_pos = [(index[id(n)], i) for n, i in graph.roots]
     try:
         regions = None if manual_text else manual.plan(graph)
     except manual.ManualRegionError as e:
         raise GraphCompileError(str(e)) from None
+    patterns = composites.plan(graph) if regions is None else None
+    if patterns is not None:   # the order evaluates each composite's operands before it
+        order = patterns.order
+        index = {id(n): k for k, n in enumerate(order)}
+    root_pos = [(index[id(n)], i) for n, i in graph.roots]
     plan = []
     for n in order:
         t = type(n)
         if t is ir.DeviceData or t is ir.ScalarParam:
-            plan.append(("p", slot[id(n)], None))
+            s = slot[id(n)]
+            if constants is not None and s in constants:
+                plan.append(("c", np.asarray(constants[s], dtype=runtime.device_dtype(n.avals[0][1])), None))
+            else:
+                plan.append(("p", s, None))
+        elif patterns is not None and id(n) in patterns.exits:
+            pattern, k = patterns.exits[id(n)]
+            deps = tuple((index[id(o)], i) for o, i in pattern.deps())
+            # constants are compiled into the composite's decomposition, not passed to it
+            host = tuple(plan[p][1] if plan[p][0] == "c" else None for p, _ in deps)
+            plan.append(("k", (pattern, k, host), deps))
         elif t is ir.Constant:
             shape, dt = n.avals[0]
             plan.append(("c", np.asarray(n.value, dtype=runtime.device_dtype(dt)), None))
@@ -59,7 +129,9 @@ def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False, manua
             region = regions.exits[id(n)]
             plan.append(("x", region, tuple((index[id(o)], i) for o, i in region.inputs)))
         else:
-            plan.append(("n", n, tuple((index[id(o)], i) for o, i in n.operands)))
+            ops = tuple((index[id(o)], i) for o, i in n.operands)
+            splats = _splats(n, ops, plan) if constants is not None else None
+            plan.append(("n", n, ops) if splats is None else ("ns", (n, splats), ops))
 
     sources = ir.SOURCES
     if sources:
@@ -84,13 +156,30 @@ def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False, manua
 
     def _run(params):
         vals = [None] * len(plan)
+        done = {}   # id(pattern) -> its outputs
         for pos, (kind, a, ops) in enumerate(plan):
             if kind == "p":
                 vals[pos] = (params[a],)
+            elif kind == "k":
+                pattern, k, host = a
+                outs = done.get(id(pattern))
+                if outs is None:
+                    args = [vals[p][i] if h is None else h for (p, i), h in zip(ops, host)]
+                    n_in = len(pattern.in_marks)
+                    outs = done[id(pattern)] = pattern.lower(args[:n_in], args[n_in:], lower_node)
+                vals[pos] = (outs[k],)
             elif kind == "c":
                 vals[pos] = (jnp.asarray(a),)
             elif kind == "s":
                 continue
+            elif kind == "ns":
+                lowering_ctx.node = a[0]
+                try:
+                    vals[pos] = _lower_splats(a, ops, vals, plan)
+                except LoweringError as e:
+                    raise GraphCompileError(str(e)) from e
+                except Exception as e:
+                    raise GraphCompileError(f"lowering {a[0].op} failed: {type(e).__name__}: {e}") from e
             elif kind == "x":
                 # per-device code (inside shard_map): its checks cannot leave the region
                 saved, lowering_ctx.checks = lowering_ctx.checks, None

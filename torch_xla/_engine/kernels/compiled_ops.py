@@ -28,6 +28,7 @@ def register(library, engine_op) -> None:
     library.impl_ns("xla", "all_reduce", _all_reduce_xla, "PrivateUse1")
     library.impl_ns("xla", "all_reduce", _all_reduce_fake, "Meta")
     register_mark_sharding(library)
+    register_mark_tensor(library)
 
 
 # A sharding constraint as a graph op: `MarkShardingFunction` under aot_autograd / export
@@ -51,3 +52,56 @@ def register_mark_sharding(library) -> None:
     library.define("xla", MARK_SHARDING)
     library.impl_ns("xla", "mark_sharding", _mark_sharding_xla, "PrivateUse1")
     library.impl_ns("xla", "mark_sharding", _mark_sharding_fake, "Meta")
+
+
+# A composite pattern's boundary (`torch_xla.experimental.mark_pattern_utils`): on the xla
+# device an `xla::mark_tensor` node that StableHLO lowering groups into a composite op
+# (`executor/composites.py`); elsewhere a copy, as on the device (the marked value is a
+# new tensor: writing to it leaves the original alone).
+MARK_TENSOR = "mark_tensor(Tensor x, str name, int pos, str id, bool is_input, Any? attr=None) -> Tensor"
+
+
+def check_composite_attr(attr) -> None:
+    """Raises ValueError unless `attr` is None or (key, value) pairs with str keys and
+    str / float / int / bool values or lists of one of float / int / bool."""
+    if attr is None:
+        return
+    for kv in attr:
+        if not (isinstance(kv, (tuple, list)) and len(kv) == 2 and isinstance(kv[0], str)):
+            raise ValueError("Composite attr name must be a Python str.")
+        v = kv[1]
+        if isinstance(v, (list, tuple)):
+            kinds = {type(e) for e in v}
+            ok = len(kinds) == 1 and next(iter(kinds)) in (int, float, bool)
+        else:
+            ok = type(v) in (str, float, int, bool)
+        if not ok:
+            raise ValueError("Composite attr value must be either Python str, float, int, bool, list[int], "
+                             "list[float], list[bool].")
+
+
+def _freeze_attr(attr):
+    return None if attr is None else tuple((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in attr)
+
+
+def _mark_tensor_xla(x, name, pos, id, is_input, attr=None):
+    check_composite_attr(attr)
+    (out,) = _engine_op[0]("xla::mark_tensor", [x], (name, int(pos), id, bool(is_input), _freeze_attr(attr)),
+                           [(tuple(x.shape), x.dtype)])
+    return out
+
+
+def _mark_tensor_other(x, name, pos, id, is_input, attr=None):
+    check_composite_attr(attr)
+    return x.clone()
+
+
+def _mark_tensor_fake(x, name, pos, id, is_input, attr=None):
+    return torch.empty_like(x)
+
+
+def register_mark_tensor(library) -> None:
+    library.define("xla", MARK_TENSOR)
+    library.impl_ns("xla", "mark_tensor", _mark_tensor_xla, "PrivateUse1")
+    library.impl_ns("xla", "mark_tensor", _mark_tensor_other, "CompositeExplicitAutograd")
+    library.impl_ns("xla", "mark_tensor", _mark_tensor_fake, "Meta")

@@ -31,4 +31,4 @@ def load_all() -> None:
     """Imports every lowering family (each registers itself)."""
     from . import (elementwise, reductions, selection, ctc, shape_ops, nn_ops, conv, pooling, indexing,  # noqa: F401
                    factories, custom, rnn,
-                   linalg, random_ops, collectives, foreach, fft, special, sharding, amp)
+                   linalg, random_ops, collectives, foreach, fft, special, sharding, amp, composite)

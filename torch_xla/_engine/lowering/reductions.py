@@ -107,7 +107,8 @@ def nansum(x, dim=None, keepdim=False, dtype=None):
 
 
 def _count(shape, axes):
-    return int(np.prod([shape[a] for a in axes])) if axes else 1
+    # math.prod, not numpy: a size may be a symbolic dimension (StableHLO export with Dims)
+    return math.prod(shape[a] for a in axes)
 
 
 def _mean(x, dim):
