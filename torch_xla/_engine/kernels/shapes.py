@@ -14,6 +14,7 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dty
 
 from .. import patches, runtime
 from ..tensor import state_of
+from . import messages
 from .plan import OPT_SCALAR, OPT_TENSOR, OPT_TENSOR_LIST, SCALAR, TENSOR, TENSOR_LIST
 
 _DEFAULT_KIND = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
@@ -116,7 +117,9 @@ def infer(k, args) -> ShapeEntry:
     except RuntimeError as e:
         if _needs_data(e):
             return ShapeEntry((), "one", None, fallback=True)
-        raise
+        raise messages.reword(k.name, {a.name: m for a, m in zip(schema_args, margs)}, e) from None
+    except (ValueError, IndexError, TypeError) as e:
+        raise messages.reword(k.name, {a.name: m for a, m in zip(schema_args, margs)}, e) from None
     if isinstance(out, torch.Tensor):
         structure, outs = "one", (out,)
     elif isinstance(out, tuple):
