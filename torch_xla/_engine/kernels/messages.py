@@ -18,6 +18,9 @@ import torch
 from ..executor.dumps import dtype_text
 
 _BY_OP: Dict[str, Callable[[dict], Optional[str]]] = {}
+# Ops whose Python reference raises ValueError where PyTorch's C++ kernel (the CPU) raises
+# RuntimeError: the reworded error has the CPU's type.
+_VALUE_ERRORS = ("aten::div.Tensor_mode", "aten::div.Scalar_mode")
 
 
 def _for(*names: str):
@@ -41,6 +44,8 @@ def reword(name: str, args: dict, e: BaseException) -> BaseException:
     `args` (schema name -> value, tensors as meta tensors)."""
     msg = None
     fn = _BY_OP.get(name)
+    if not isinstance(e, RuntimeError) and name not in _VALUE_ERRORS:
+        return e  # another check failed (an IndexError for a dim out of range...): PyTorch's
     try:
         if fn is not None:
             msg = fn(args)
@@ -109,6 +114,8 @@ def _div(args):
 def _flip(args):
     x, dims = args["self"], list(args["dims"])
     n = max(x.dim(), 1)
+    if any(not -n <= d < n for d in dims):
+        return None  # PyTorch's IndexError comes first
     norm = [d + n if d < 0 else d for d in dims]
     counts = Counter(norm)
     repeated = sorted(d for d, c in counts.items() if c > 1)
