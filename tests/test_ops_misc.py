@@ -88,7 +88,6 @@ def test_arange_of_a_non_finite_bound_raises_as_on_cpu():
 
 
 def test_flip_errors_and_scalars_as_on_cpu():
-    import re
     import pytest
     x = torch.arange(8).view(2, 2, 2)
     for dims in [(0, 1, 1), (0, -2, 1), (5, 1, 1), (1, 1, 5)]:
