@@ -127,6 +127,21 @@ def test_ir_and_hlo_dumps():
     assert_same(b, (a.cpu() * 2 + 1).relu())
 
 
+def test_ir_text_lists_compiled_in_scalars_as_constants():
+    """pow's exponent and the special scalars are compiled in: the IR text lists them
+    first as prim::Constant operands; other numbers are graph parameters (device data)."""
+    a = torch.tensor([2.0, 3.0]).to("xla:0")
+    p = torch.pow(a, 5)
+    lines = _XLAC._get_xla_tensors_text([p]).splitlines()
+    assert "f32[] prim::Constant(), value=5" in lines[1] and "xla::device_data" not in lines[1]
+    assert "aten::pow.Tensor_Scalar(%1, %0)" in lines[3]
+    q = a * 2.5 + 1
+    text = _XLAC._get_xla_tensors_text([q])
+    assert "scalar=2.5" in text and "prim::Constant(), value=1" in text
+    assert_same(p, torch.tensor([2.0, 3.0]) ** 5)
+    assert_same(q, torch.tensor([2.0, 3.0]) * 2.5 + 1)
+
+
 def test_metrics_report_format():
     met.clear_all()
     x = torch.randn(3, 3).to("xla:0")
