@@ -263,6 +263,32 @@ def test_precise_wording_keeps_the_cpu_type(name, fn, args, worded):
     assert "PyTorch's message: " in "\n".join(getattr(err, "__notes__", []))
 
 
+def test_errors_the_wording_does_not_describe_keep_pytorchs_message():
+    for fn, args in [(lambda a, b: torch.cat([a, b]), (torch.tensor(1.0), torch.rand(3))),
+                     (lambda a: a.flip(5), (torch.rand(2, 2),))]:
+        err, cerr = _check_same_error(fn, *args)
+        assert not getattr(err, "__notes__", None), err
+
+
+_F64 = torch.float64
+
+
+@pytest.mark.parametrize("fn,args", [
+    (torch.mm, (torch.rand(2, 3), torch.rand(3, 2, dtype=_F64))),
+    (torch.matmul, (torch.rand(2, 3), torch.rand(3, 2, dtype=_F64))),
+    (torch.mv, (torch.rand(2, 3), torch.rand(3, dtype=_F64))),
+    (torch.addmm, (torch.rand(2, 2), torch.rand(2, 3), torch.rand(3, 2, dtype=_F64))),
+    (torch.addmm, (torch.rand(2, 2, dtype=_F64), torch.rand(2, 3), torch.rand(3, 2, dtype=_F64))),
+    (torch.addmv, (torch.rand(2), torch.rand(2, 3), torch.rand(3, dtype=_F64))),
+    (F.linear, (torch.rand(2, 3), torch.rand(4, 3, dtype=_F64))),
+    (F.linear, (torch.rand(2, 3), torch.rand(4, 3), torch.rand(4, dtype=_F64))),
+], ids=["mm", "matmul", "mv", "addmm_self", "addmm_mat1", "addmv", "linear", "linear_bias"])
+def test_matrix_products_refuse_mixed_dtypes_as_on_cpu(fn, args):
+    """The CPU refuses float32 x float64 products (the meta kernels do not check it)."""
+    err, cerr = _check_same_error(fn, *args)
+    assert "same dtype" in str(err) and "same dtype" in str(cerr)
+
+
 def test_full_negative_size_wording():
     with pytest.raises(RuntimeError) as cpu:
         torch.full([2, -2, 2], 1.5)

@@ -88,8 +88,8 @@ def _broadcast(args: dict) -> Optional[str]:
 @_for("aten::cat")
 def _cat(args):
     ts = [t for t in args["tensors"] if not (t.dim() == 1 and t.shape[0] == 0)]
-    if not ts:
-        return None
+    if not ts or any(t.dim() == 0 for t in ts):
+        return None  # PyTorch's "zero-dimensional tensor cannot be concatenated" says it
     ref = ts[0]
     d = args.get("dim", 0)
     d = d + ref.dim() if d < 0 else d
