@@ -114,12 +114,14 @@ def infer(k, args) -> ShapeEntry:
     except NotImplementedError:
         # No meta kernel for this combination of arguments (PyTorch raises this type).
         return ShapeEntry((), "one", None, fallback=True)
-    except RuntimeError as e:
-        if _needs_data(e):
+    except (RuntimeError, ValueError) as e:
+        if isinstance(e, RuntimeError) and _needs_data(e):
             return ShapeEntry((), "one", None, fallback=True)
-        raise messages.reword(k.name, {a.name: m for a, m in zip(schema_args, margs)}, e) from None
-    except (ValueError, IndexError, TypeError) as e:
-        raise messages.reword(k.name, {a.name: m for a, m in zip(schema_args, margs)}, e) from None
+        # PyTorch/XLA's more precise wording of some checks (PyTorch's type kept)
+        worded = messages.reword(k.name, {a.name: m for a, m in zip(schema_args, margs)}, e)
+        if worded is e:
+            raise
+        raise worded from None
     if isinstance(out, torch.Tensor):
         structure, outs = "one", (out,)
     elif isinstance(out, tuple):
