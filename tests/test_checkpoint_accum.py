@@ -53,6 +53,29 @@ def test_checkpoint_replays_dropout_and_sequential():
         xcp.checkpoint(lambda a: a, xx, foo=1)
 
 
+def test_checkpointed_module_recomputes_behind_one_barrier_with_its_weights():
+    """A checkpointed module's recomputation starts behind one optimization barrier that
+    holds its input, the incoming gradient, its parameters and buffers; gradients match
+    the CPU's checkpoint."""
+    from torch_xla.distributed.fsdp import checkpoint_module
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(8, 8)
+    ref.register_buffer("buf", torch.zeros(3, 3))
+    m = checkpoint_module(copy.deepcopy(ref).to(XLA))
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(4), requires_grad=True)
+    xx = to_xla(x).detach().requires_grad_()
+    tc.checkpoint(ref, x, use_reentrant=True).pow(2).sum().backward()
+    m(xx).pow(2).sum().backward()
+    hlo = torch_xla._XLAC._get_xla_tensors_hlo([m.weight.grad])
+    barrier = next(line for line in hlo.splitlines() if "opt-barrier(" in line)
+    result = barrier.split("opt-barrier(")[0]
+    # input, gradient, weight: f32[4,8] x2 and f32[8,8]; bias f32[8]; buffer f32[3,3]
+    assert [result.count(s) for s in ("f32[4,8]", "f32[8,8]", "f32[8]", "f32[3,3]")] == [2, 1, 1, 1], barrier
+    assert_same(m.weight.grad, ref.weight.grad)
+    assert_same(m.bias.grad, ref.bias.grad)
+    assert_same(xx.grad, x.grad)
+
+
 def test_optimization_barrier_is_in_the_graph_and_keeps_values():
     a = torch.randn(3, 4)
     b = torch.arange(5)

@@ -224,8 +224,8 @@ def test_profiler_trace_holds_user_and_engine_names(tmp_path):
         assert xp.start_server(port) is xp.start_server(port)
         t = xp.trace_detached(f"localhost:{{port}}", {str(remote)!r}, duration_ms=1500)
         time.sleep(0.3)
+        torch_xla.sync()
         with xp.Trace("user_while_served"):
-            torch_xla.sync()
             (torch.ones(3, device=d) * 7).cpu()
         t.join()
         """, tmp_path)
@@ -279,3 +279,36 @@ def test_device_dtype_variables_are_read_at_the_first_tensor(tmp_path):
     assert any("f32[2]" in ln for ln in lines), out.stdout
     assert any("s32[6]" in ln for ln in out.stdout.splitlines()), out.stdout
     assert "f32[1] xla::device_data()" in out.stdout, out.stdout
+
+
+def test_barrier_inside_a_trace_region_is_refused():
+    """A barrier cannot cut a profiler region (the documented rule): sync / mark_step raise
+    inside `Trace`, name the open scopes, and run again once the region is left; a host
+    read inside it, a StepTrace's own barrier and `reset_scope=False` run."""
+    import torch_xla.debug.profiler as xp
+    import torch_xla.core.xla_model as xm
+    d = torch_xla.device()
+    x = torch.arange(4.0, device=d)
+    with xp.Trace("outer"):
+        y = x * 2
+        with xp.Trace("inner"):
+            with pytest.raises(RuntimeError, match=r"Expecting scope to be empty but it is outer\.1/inner\.1"):
+                torch_xla.sync()
+        with pytest.raises(RuntimeError, match=r"it is outer\.1$"):
+            xm.mark_step()
+        assert torch.equal(y.cpu(), torch.arange(4.0) * 2)   # a host read is not a barrier
+        xm.mark_step(reset_scope=False)
+    with xp.Trace("second"):
+        with pytest.raises(RuntimeError, match=r"it is second\.2$"):
+            torch_xla.sync()
+    torch_xla.sync()
+    with xp.StepTrace("step", step_num=0):
+        z = x + 1
+    assert torch.equal(z.cpu(), torch.arange(4.0) + 1)
+
+    @xp.trace_me("decorated")
+    def f():
+        torch_xla.sync()
+    with pytest.raises(RuntimeError, match=r"it is decorated\.1$"):
+        f()
+    torch_xla.sync()

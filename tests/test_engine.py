@@ -127,6 +127,51 @@ def test_ir_and_hlo_dumps():
     assert_same(b, (a.cpu() * 2 + 1).relu())
 
 
+def test_ir_text_lists_compiled_in_scalars_as_constants():
+    """pow's exponent and the special scalars are compiled in: the IR text lists them
+    first as prim::Constant operands; other numbers are graph parameters (device data)."""
+    a = torch.tensor([2.0, 3.0]).to("xla:0")
+    p = torch.pow(a, 5)
+    lines = _XLAC._get_xla_tensors_text([p]).splitlines()
+    assert "f32[] prim::Constant(), value=5" in lines[1] and "xla::device_data" not in lines[1]
+    assert "aten::pow.Tensor_Scalar(%1, %0)" in lines[3]
+    q = a * 2.5 + 1
+    text = _XLAC._get_xla_tensors_text([q])
+    assert "scalar=2.5" in text and "prim::Constant(), value=1" in text
+    assert_same(p, torch.tensor([2.0, 3.0]) ** 5)
+    assert_same(q, torch.tensor([2.0, 3.0]) * 2.5 + 1)
+
+
+def test_lowering_context_module_text_json_and_parameters():
+    """`_XLAC.lowering.LoweringContext`: the module as XLA's HloModuleProto (serialized,
+    protobuf text, protobuf JSON) under the given name, and the values bound to its
+    parameters (on the device without a transfer, or as CPU copies)."""
+    import json
+    from torch_xla.debug import metrics as met
+    a_cpu, b_cpu = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([[4.0], [5.0]])
+    a, b = a_cpu.to("xla:0"), b_cpu.to("xla:0")
+    r = (a + b) * 2.5
+    ctx = _XLAC.lowering.LoweringContext("MyModule")
+    ctx.build([r])
+    assert isinstance(ctx.hlo(), bytes)
+    text = ctx.hlo_text()
+    assert text.startswith('name: "MyModule"\n')
+    assert text.count('opcode: "parameter"') == 3 and 'opcode: "add"' in text and 'opcode: "multiply"' in text
+    js = json.loads(ctx.hlo_json())
+    params = js["hostProgramShape"]["parameters"]
+    assert [p["dimensions"] for p in params[:2]] == [["3"], ["2", "1"]] and params[0]["elementType"] == "F32"
+    met.clear_all()
+    dev = ctx.device_parameter_id_tensor_mapping()
+    assert not met.metric_data("TransferFromDeviceTime")
+    host = ctx.parameter_id_tensor_mapping()
+    assert met.metric_data("TransferFromDeviceTime")
+    assert sorted(host) == sorted(dev) == [0, 1, 2]
+    assert_same(host[0], a_cpu)
+    assert_same(host[1], b_cpu)
+    assert float(host[2]) == 2.5 and dev[0].device.type == "xla"
+    assert_same(r, (a_cpu + b_cpu) * 2.5)
+
+
 def test_metrics_report_format():
     met.clear_all()
     x = torch.randn(3, 3).to("xla:0")

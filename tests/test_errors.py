@@ -210,3 +210,114 @@ def test_quantized_refused(dtype):
 def test_unsupported_dtype_conversion_on_device():
     x = torch.randn(2).to(_xla())
     _refused(lambda: x.to(torch.complex32), torch.complex32)
+
+
+# ---------------------------------------------------------------------------------------
+# the precise wording: the CPU's exception type, PyTorch/XLA's message naming the shapes,
+# PyTorch's own message kept as a note
+
+_WORDED = [
+    ("add", lambda a, b: torch.add(a, b), (torch.rand(2, 2, 4, 4), torch.rand(2, 2)),
+     "Shapes are not compatible for broadcasting: f32[2,2,4,4] vs. f32[2,2]. Expected dimension 2 of "
+     "shape f32[2,2,4,4] (4) to match dimension 0 of shape f32[2,2] (2). Either that or that any of "
+     "them is either 1 or unbounded. Try reshaping one of the tensors to match the other."),
+    ("cat", lambda a, b: torch.cat([a, b]), (torch.rand(2, 2), torch.rand(5, 1)),
+     "cat(): cannot concatenate tensors of shape f32[2,2] with f32[5,1] at dimension 0. Expected "
+     "shapes to be equal (except at dimension 0) or that either of them was a 1D empty tensor of size (0,)."),
+    ("div", lambda a: torch.div(a, 2, rounding_mode="bad"), (torch.rand(2, 2),),
+     "div(): invalid rounding mode `bad`. Expected it to be either 'trunc', 'floor', or be left unspecified."),
+    ("flip", lambda a: torch.flip(a, dims=[0, 0, 0, 1, 2, 3, -1]), (torch.rand(2, 2, 2, 2),),
+     "flip(): expected each dimension to appear at most once. Found dimensions: 0 (3 times), 3 (2 times). "
+     "Consider changing dims from [0, 0, 0, 1, 2, 3, -1] to [0, 1, 2, 3]."),
+    ("gather_rank", lambda a, i: torch.gather(a, 1, i), (torch.arange(4).view(2, 2), torch.zeros(2, 2, 2, dtype=torch.long)),
+     "gather(): expected rank of input (2) and index (3) tensors to be the same."),
+    ("gather_size", lambda a, i: torch.gather(a, 1, i),
+     (torch.arange(16).view(2, 2, 2, 2), torch.zeros(4, 2, 4, 2, dtype=torch.long)),
+     "gather(): expected sizes of index [4, 2, 4, 2] to be smaller or equal those of input [2, 2, 2, 2] "
+     "on all dimensions, except on dimension 1. However, that's not true on dimensions [0, 2]."),
+    ("random_empty", lambda a: a.random_(3, 1), (torch.empty(10),),
+     "random_(): expected `from` (3) to be smaller than `to` (1)."),
+    ("random_range", lambda a: a.random_(3, 65_506), (torch.empty(10, dtype=torch.float16),),
+     "random_(): expected `to` to be within the range [-65504, 65504]. However got value 65505, which "
+     "is greater than the upper bound."),
+    ("mm_rank", torch.mm, (torch.rand(2, 2, 2), torch.rand(2, 2)),
+     "mm(): expected the first input tensor f32[2,2,2] to be a matrix (i.e. a 2D tensor)."),
+    ("mm_shape", torch.mm, (torch.rand(2, 5), torch.rand(8, 2)),
+     "mm(): cannot matrix-multiply tensors f32[2,5] and f32[8,2]. Expected the size of dimension 1 of "
+     "the first input tensor (5) to be equal the size of dimension 0 of the second input tensor (8)."),
+    ("roll_empty", lambda a: torch.roll(a, []), (torch.rand(2, 2, 2),),
+     "roll(): expected `shifts` to have at least 1 element."),
+    ("roll_no_dims", lambda a: torch.roll(a, [2, 2]), (torch.rand(2, 2, 2),),
+     "roll(): expected `shifts` [2, 2] (size=2) to have exactly 1 element when `dims` is empty."),
+    ("roll_dims", lambda a: torch.roll(a, [2, 2], [0]), (torch.rand(2, 2, 2),),
+     "roll(): expected `dims` [0] (size=1) to match the size of `shifts` [2, 2] (size=2)."),
+    ("trace", torch.trace, (torch.rand(2, 2, 2),),
+     "trace(): expected the input tensor f32[2,2,2] to be a matrix (i.e. a 2D tensor)."),
+]
+
+
+@pytest.mark.parametrize("name,fn,args,worded", _WORDED, ids=[w[0] for w in _WORDED])
+def test_precise_wording_keeps_the_cpu_type(name, fn, args, worded):
+    err, cerr = _check_same_error(fn, *[a.clone() for a in args])
+    assert str(err) == worded
+    assert "PyTorch's message: " in "\n".join(getattr(err, "__notes__", []))
+
+
+def test_errors_the_wording_does_not_describe_keep_pytorchs_message():
+    for fn, args in [(lambda a, b: torch.cat([a, b]), (torch.tensor(1.0), torch.rand(3))),
+                     (lambda a: a.flip(5), (torch.rand(2, 2),))]:
+        err, cerr = _check_same_error(fn, *args)
+        assert not getattr(err, "__notes__", None), err
+
+
+_F64 = torch.float64
+
+
+@pytest.mark.parametrize("fn,args", [
+    (torch.mm, (torch.rand(2, 3), torch.rand(3, 2, dtype=_F64))),
+    (torch.matmul, (torch.rand(2, 3), torch.rand(3, 2, dtype=_F64))),
+    (torch.mv, (torch.rand(2, 3), torch.rand(3, dtype=_F64))),
+    (torch.addmm, (torch.rand(2, 2), torch.rand(2, 3), torch.rand(3, 2, dtype=_F64))),
+    (torch.addmm, (torch.rand(2, 2, dtype=_F64), torch.rand(2, 3), torch.rand(3, 2, dtype=_F64))),
+    (torch.addmv, (torch.rand(2), torch.rand(2, 3), torch.rand(3, dtype=_F64))),
+    (F.linear, (torch.rand(2, 3), torch.rand(4, 3, dtype=_F64))),
+    (F.linear, (torch.rand(2, 3), torch.rand(4, 3), torch.rand(4, dtype=_F64))),
+], ids=["mm", "matmul", "mv", "addmm_self", "addmm_mat1", "addmv", "linear", "linear_bias"])
+def test_matrix_products_refuse_mixed_dtypes_as_on_cpu(fn, args):
+    """The CPU refuses float32 x float64 products (the meta kernels do not check it)."""
+    err, cerr = _check_same_error(fn, *args)
+    assert "same dtype" in str(err) and "same dtype" in str(cerr)
+
+
+def test_full_negative_size_wording():
+    with pytest.raises(RuntimeError) as cpu:
+        torch.full([2, -2, 2], 1.5)
+    with pytest.raises(type(cpu.value)) as ei:
+        torch.full([2, -2, 2], 1.5, device=_xla())
+    assert str(ei.value) == ("full(): expected concrete sizes (i.e. non-symbolic) to be positive values. "
+                             "However found negative ones: [2, -2, 2].")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64,
+                                   torch.int8, torch.uint8, torch.bool])
+@pytest.mark.parametrize("bounds", [(3, 1), (0, 0), (-5, 5), (0, 300), (-200, 0), (0, 65_506),
+                                    (0, 2 ** 40), (2 ** 30, None), (-1, None), (-3,), (5,)])
+def test_random_bounds_checked_as_on_cpu(dtype, bounds):
+    """random_ refuses the bounds the CPU refuses (with its type), and draws within the
+    ones it accepts."""
+    try:
+        torch.empty(4, dtype=dtype).random_(*bounds)
+        cpu_err = None
+    except Exception as e:
+        cpu_err = e
+    if cpu_err is not None:
+        with pytest.raises(type(cpu_err)):
+            torch.empty(4, dtype=dtype, device=_xla()).random_(*bounds)
+        return
+    r = torch.empty(1000, dtype=dtype, device=_xla()).random_(*bounds).cpu()
+    lo = bounds[0] if len(bounds) == 2 else 0
+    hi = bounds[-1]
+    assert r.to(torch.float64).min() >= lo
+    exact = {torch.float16: 2 ** 11, torch.bfloat16: 2 ** 8}.get(dtype)
+    if hi is not None and (exact is None or hi <= exact):  # beyond: rounded (the CPU warns)
+        assert r.to(torch.float64).max() < hi

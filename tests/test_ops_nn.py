@@ -687,3 +687,49 @@ def test_lstm_cell_with_an_unused_cell_state():
     mx(x.to("xla"))[0].sum().backward()
     for a, p in zip(ref, mx.parameters()):
         torch.testing.assert_close(p.grad.cpu(), a, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(2,), (5, 2), (4, 3, 2), (2, 2, 3, 2)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_patched_linear_matches_cpu_linear(shape, bias):
+    """XLAPatchedLinear (SPMD / FSDP's linear): forward and gradients as the CPU's
+    nn.Linear at every input rank, computed as one dot per product with no reshape."""
+    import copy
+    import torch.nn as nn
+    from torch_xla.distributed.spmd import xla_sharding as xs
+    torch.manual_seed(0)
+    ref = nn.Linear(2, 4, bias=bias)
+    x = torch.randn(*shape, requires_grad=True)
+    m = xs.apply_xla_patch_to_nn_linear(copy.deepcopy(ref).to("xla"))
+    xx = x.detach().to("xla").requires_grad_()
+    out = m(xx)
+    if len(shape) > 1 and not bias:   # (the bias add broadcasts through a reshape)
+        assert "reshape" not in torch_xla._XLAC._get_xla_tensors_hlo([out])
+    out_ref = ref(x)
+    (out * out).sum().backward()
+    (out_ref * out_ref).sum().backward()
+    torch.testing.assert_close(out.cpu(), out_ref.detach())
+    torch.testing.assert_close(xx.grad.cpu(), x.grad)
+    torch.testing.assert_close(m.weight.grad.cpu(), ref.weight.grad)
+    if bias:
+        torch.testing.assert_close(m.bias.grad.cpu(), ref.bias.grad)
+
+
+def test_patched_linear_under_autocast_computes_in_bf16():
+    import copy
+    import torch.nn as nn
+    from torch_xla.distributed.spmd import xla_sharding as xs
+    torch.manual_seed(0)
+    ref = nn.Linear(8, 4)
+    x = torch.randn(3, 5, 8)
+    m = xs.apply_xla_patch_to_nn_linear(copy.deepcopy(ref).to("xla"))
+    with torch.autocast("xla", dtype=torch.bfloat16):
+        out = m(x.to("xla"))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out_ref = ref(x)
+    assert out.dtype == out_ref.dtype == torch.bfloat16
+    torch.testing.assert_close(out.cpu().float(), out_ref.detach().float(), rtol=2e-2, atol=2e-2)
+    out.float().sum().backward()
+    assert m.weight.grad.dtype == torch.float32
+    hlo = torch_xla._XLAC._get_xla_tensors_hlo([m.weight.grad])
+    assert "bf16" in [ln for ln in hlo.splitlines() if " dot(" in ln][0]

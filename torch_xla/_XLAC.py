@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import io
-from typing import List, Optional
+from types import SimpleNamespace
+from typing import Dict, List, Optional
 
 import torch
 
 from ._engine import executor, ir, metrics, tensor as _tensor
-from ._engine.executor import dumps as _dumps
+from ._engine.executor import dumps as _dumps, hlo_proto as _hlo_proto
 from ._engine.metrics_report import format_report
 from ._engine.tensor import state_of
 
@@ -458,3 +459,56 @@ def _xla_tensors_report(nodes_threshold: int, device: str) -> str:
         order = executor.Graph([(s.node, s.idx)]).order
         lines.extend("  " + n.op for n in order)
     return "TensorsGraphInfo:\n" + "\n".join(lines) + ("\n" if lines else "")
+
+
+class LoweringContext:
+    """`torch_xla._XLAC.lowering.LoweringContext(name)`: the program computing some
+    tensors as XLA's `HloModuleProto` (serialized, protobuf text, protobuf JSON), with
+    the tensors bound to its parameters. Nothing runs on the device."""
+
+    def __init__(self, name: str = ""):
+        self._name = name
+        self._proto: Optional[bytes] = None
+        self._params: list = []
+        self._fields = None
+
+    def build(self, tensors: List[torch.Tensor]) -> None:
+        proto, self._params = executor.hlo_module(_roots(tensors))
+        self._proto = _hlo_proto.renamed(proto, self._name) if self._name else proto
+        self._fields = None
+
+    def _decoded(self):
+        if self._proto is None:
+            raise RuntimeError("LoweringContext: call build(tensors) first")
+        if self._fields is None:
+            self._fields = _hlo_proto.decode(self._proto)
+        return self._fields
+
+    def hlo(self) -> bytes:
+        """The serialized `xla.HloModuleProto`."""
+        self._decoded()
+        return self._proto
+
+    def hlo_text(self) -> str:
+        """The module in protobuf text format."""
+        return _hlo_proto.to_text(self._decoded())
+
+    def hlo_json(self) -> str:
+        """The module in protobuf's JSON mapping."""
+        return _hlo_proto.to_json(self._decoded())
+
+    def device_parameter_id_tensor_mapping(self) -> Dict[int, torch.Tensor]:
+        """{parameter number: xla tensor holding the value bound to it} (no transfer)."""
+        self._decoded()
+        out = {}
+        for i, p in enumerate(self._params):
+            shape, dtype = p.avals[0]
+            out[i] = _tensor.wrap_user(_tensor.make_tensor(p, 0, shape, dtype))
+        return out
+
+    def parameter_id_tensor_mapping(self) -> Dict[int, torch.Tensor]:
+        """{parameter number: CPU copy of the value bound to it}."""
+        return {i: t.cpu() for i, t in self.device_parameter_id_tensor_mapping().items()}
+
+
+lowering = SimpleNamespace(LoweringContext=LoweringContext)

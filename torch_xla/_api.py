@@ -7,7 +7,7 @@ from typing import Any, Callable, List, Optional
 
 import torch
 
-from ._engine import executor, job, metrics, mode, rng, runtime
+from ._engine import executor, ir, job, metrics, mode, rng, runtime
 from ._engine.executor import analysis
 
 
@@ -42,7 +42,12 @@ def is_xla_tensor(t: Any) -> bool:
 
 
 def sync(wait: bool = False, reset_scope: bool = True) -> None:
-    """Launches all pending graph operations (the barrier, same as `xm.mark_step()`)."""
+    """Launches all pending graph operations (the barrier, same as `xm.mark_step()`).
+
+    reset_scope: refuse to run inside a profiler `Trace` region (RuntimeError), as
+    PyTorch/XLA does; False skips that check."""
+    if reset_scope:
+        ir.reset_scopes()
     executor.sync(wait=wait)
 
 

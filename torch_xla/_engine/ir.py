@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+import threading
 import weakref
 from typing import Any, Optional, Tuple
 
@@ -222,3 +223,41 @@ def record_sources(on: bool = True) -> None:
         if f is not None:
             SOURCES[self] = f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
     Node.__init__ = __init__
+
+
+# ---- IR scopes: the names of the open profiler `Trace` regions -------------------------
+# Named as PyTorch/XLA names them: "name.N", N counting the siblings at that depth, nested
+# scopes joined by "/". A barrier that resets the scopes refuses to run inside one: the
+# graph it cuts would belong to a region that has not ended.
+_scopes = threading.local()
+
+
+def _scope_state():
+    st = _scopes.__dict__
+    if "stack" not in st:
+        st["stack"], st["next"] = [], 1
+    return st
+
+
+def push_scope(name: str) -> None:
+    st = _scope_state()
+    st["stack"].append((f"{name}.{st['next']}", st["next"] + 1))
+    st["next"] = 1
+
+
+def pop_scope() -> None:
+    st = _scope_state()
+    if st["stack"]:
+        st["next"] = st["stack"].pop()[1]
+
+
+def current_scope() -> str:
+    return "/".join(s for s, _ in _scope_state()["stack"])
+
+
+def reset_scopes() -> None:
+    """At a barrier: no scope may be open."""
+    st = _scope_state()
+    if st["stack"]:
+        raise RuntimeError(f"Expecting scope to be empty but it is {current_scope()}")
+    st["next"] = 1

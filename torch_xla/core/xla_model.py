@@ -10,7 +10,7 @@ import torch
 
 import torch_xla
 from .. import runtime as xr
-from .._engine import collectives as _coll, executor, rng, runtime
+from .._engine import collectives as _coll, executor, ir, rng, runtime
 from .._engine.executor import analysis as _analysis
 
 REDUCE_SUM = "sum"
@@ -127,8 +127,11 @@ def master_print(*args, fd=None, finalize: bool = False, **kwargs) -> None:
 def mark_step(wait: bool = False, reset_scope: bool = True) -> None:
     """The barrier: compiles and launches the pending graph of all live tensors.
 
-    wait: block until the programs have run. reset_scope: accepted for compatibility; this
-    engine keeps no IR scopes across barriers, so there is never a scope to carry over."""
+    wait: block until the programs have run. reset_scope: refuse to run inside a profiler
+    `Trace` region (RuntimeError: the graph would be cut inside the region); False skips
+    that check."""
+    if reset_scope:
+        ir.reset_scopes()
     with _analysis.cause("user xm.mark_step"):
         executor.sync(wait=wait)
 

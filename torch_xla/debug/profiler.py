@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, Callable, Optional, Union
 
-from .._engine import executor, job, runtime
+from .._engine import executor, ir, job, runtime
 from .._engine.executor import analysis
 
 _state = {"server": None, "port": None, "marked_step": False}
@@ -43,7 +43,9 @@ def get_tracer_marked_step() -> bool:
 
 class Trace:
     """Annotates the code inside with `name` in profiles: a context manager, or a decorator
-    (`@xp.Trace("fwd")`). Keyword arguments are shown as the event's metadata."""
+    (`@xp.Trace("fwd")`). Keyword arguments are shown as the event's metadata. The region
+    must not contain a barrier (`torch_xla.sync()` / `xm.mark_step()` raise RuntimeError in
+    it): a host read, or a `StepTrace` around the step, runs the graph instead."""
 
     def __init__(self, name: str, **kwargs: Any):
         self.name = name
@@ -53,9 +55,11 @@ class Trace:
     def __enter__(self) -> "Trace":
         self._ann = _profiler().TraceAnnotation(self.name, **self.kwargs)
         self._ann.__enter__()
+        ir.push_scope(self.name)
         return self
 
     def __exit__(self, *exc) -> bool:
+        ir.pop_scope()
         self._ann.__exit__(*exc)
         return False
 
@@ -84,11 +88,14 @@ class StepTrace(Trace):
             kw["step_num"] = self.step_num
         self._ann = _profiler().StepTraceAnnotation(self.name, **kw)
         self._ann.__enter__()
+        ir.push_scope(self.name)
         return self
 
     def __exit__(self, *exc) -> bool:
+        ir.pop_scope()  # closed before its own barrier, which checks that none is open
         try:
             if exc[0] is None:
+                ir.reset_scopes()
                 with analysis.cause("torch_xla.sync when exiting a profiler StepTrace region"):
                     executor.sync()
         finally:

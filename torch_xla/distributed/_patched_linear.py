@@ -1,7 +1,7 @@
-"""`nn.Linear` as einsums, forward and backward (shared by SPMD and FSDP).
+"""`nn.Linear` as dot products, forward and backward (shared by SPMD and FSDP).
 
-The forward keeps a 3-d activation 3-d (a matmul would flatten it to 2-d and lose its
-sharding annotation under SPMD); the backward saves the weight itself, not a transposed
+The forward keeps a 3-d activation 3-d: one XLA dot with no reshape (a matmul or an
+einsum would flatten it to 2-d and lose its sharding annotation under SPMD); the backward saves the weight itself, not a transposed
 view of it, so an FSDP wrapper can recognise and re-gather it."""
 from __future__ import annotations
 
@@ -14,25 +14,40 @@ import torch.nn as nn
 __all__ = ["XLAPatchedLinear", "xla_patched_nn_linear_forward", "apply_xla_patch_to_nn_linear"]
 
 
+def _contract(a: torch.Tensor, b: torch.Tensor, da, db) -> torch.Tensor:
+    """a and b contracted over dims da of a and db of b: on the device one XLA dot with
+    no reshape (`torch.ops.xla.dot_general`), elsewhere torch.tensordot."""
+    if a.device.type == "xla" and b.device.type == "xla":
+        return torch.ops.xla.dot_general(a, b, list(da), list(db))
+    return torch.tensordot(a, b, dims=(list(da), list(db)))
+
+
 class XLAPatchedLinear(torch.autograd.Function):
-    """`F.linear` computed with einsums on both sides."""
+    """`F.linear` as one dot product on each side, whatever the input's rank. Under
+    autocast the inputs are cast to the autocast dtype first (as a custom_fwd does)."""
 
     @staticmethod
     def forward(ctx, input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None):
+        if input.device.type == "xla" and torch.is_autocast_enabled("xla"):
+            dt = torch.get_autocast_dtype("xla")
+            input, weight = input.to(dt), weight.to(dt)
+            bias = None if bias is None else bias.to(dt)
         ctx.save_for_backward(input, weight, bias)
-        out = torch.einsum("...n,kn->...k", input, weight)
+        out = _contract(input, weight, [input.dim() - 1], [1])
         return out + bias if bias is not None else out
 
     @staticmethod
     def backward(ctx, grad_output):
         input, weight, bias = ctx.saved_tensors
+        grad_output = grad_output.to(weight.dtype)
+        lead = list(range(grad_output.dim() - 1))
         gi = gw = gb = None
         if ctx.needs_input_grad[0]:
-            gi = torch.einsum("...n,nk->...k", grad_output, weight)
+            gi = _contract(grad_output, weight, [grad_output.dim() - 1], [0])
         if ctx.needs_input_grad[1]:
-            gw = torch.einsum("...n,...k->nk", grad_output, input)
+            gw = _contract(grad_output, input, lead, lead)
         if bias is not None and ctx.needs_input_grad[2]:
-            gb = grad_output.reshape(-1, grad_output.shape[-1]).sum(0)
+            gb = grad_output.sum(lead) if lead else grad_output
         return gi, gw, gb
 
 

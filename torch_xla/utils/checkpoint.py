@@ -3,11 +3,13 @@
 The forward runs without saving activations; the backward runs it again. In one lazy
 graph XLA would merge the recomputation with the original forward (common-subexpression
 elimination) and keep every activation alive anyway, so the recomputation starts from
-inputs that went through `xm.optimization_barrier_`. Random ops replay the numbers of
+inputs (with the incoming gradients and, for a module's forward, its parameters and
+buffers) that went through `xm.optimization_barrier_`. Random ops replay the numbers of
 the original forward (CPU generator and the device generator's position).
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Iterable, List, Tuple
 
 import torch
@@ -62,7 +64,14 @@ class CheckpointFunction(torch.autograd.Function):
         for i, t in zip(ctx.tensor_idx, ctx.saved_tensors):
             inputs[i] = t
         detached = _detach_inputs(inputs)
-        _coll.optimization_barrier_([x for x in detached if isinstance(x, torch.Tensor)])
+        # Behind one barrier: the inputs, the incoming gradients and, for a module's
+        # forward, its parameters and buffers, so nothing of the recomputation can be
+        # merged with the original forward.
+        held = list(detached) + list(grads)
+        owner = getattr(ctx.run_function, "__self__", None)
+        if inspect.ismethod(ctx.run_function) and isinstance(owner, torch.nn.Module):
+            held += list(owner.parameters()) + list(owner.buffers())
+        _coll.optimization_barrier_([x for x in held if isinstance(x, torch.Tensor)])
         cpu_state, xla_state = torch.get_rng_state(), _rng.snapshot()
         try:
             if ctx.preserve_rng_state:

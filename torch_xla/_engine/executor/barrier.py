@@ -233,6 +233,14 @@ def lowered(roots):
     return compiling.lowered(graph, strategy)
 
 
+def hlo_module(roots):
+    """The program computing `roots` as XLA's serialized `HloModuleProto` (no compilation,
+    no execution), and the graph's parameter nodes in parameter order."""
+    graph, strategy = walk(roots)
+    comp = compiling.lowered(graph, strategy).compiler_ir("hlo")
+    return comp.as_serialized_hlo_module_proto(), list(graph.params)
+
+
 def lower_text(roots, dialect: str = "stablehlo") -> str:
     """The text of the program computing `roots` (no execution): StableHLO, or XLA's HLO
     (`dialect="hlo"`, with the sharding annotations before partitioning); with

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Dict, List
 
+import torch
+
 from .. import config, ir, runtime
 
 ON = [False]     # XLA_SAVE_TENSORS_FILE or XLA_METRICS_FILE set: checked by the executor
@@ -37,7 +39,7 @@ def _aval(a) -> str:
     return f"{dtype_text(dt)}[{','.join(map(str, a[0]))}]"
 
 
-def _node_desc(n, names) -> str:
+def _node_desc(n, names, consts=None) -> str:
     t = type(n)
     if t is ir.DeviceData:
         return "xla::device_data()"
@@ -45,27 +47,82 @@ def _node_desc(n, names) -> str:
         return f"xla::device_data(), scalar={n.value}"
     if t is ir.Constant:
         return f"prim::Constant(), value={n.value}"
-    ops = ", ".join(names[id(o)] + (f".{i}" if len(o.avals) > 1 else "") for o, i in n.operands)
-    statics = [a for a in n.args if not isinstance(a, ir.Ref)
+    ops = [names[id(o)] + (f".{i}" if len(o.avals) > 1 else "") for o, i in n.operands]
+    mine = consts.get(id(n), {}) if consts else {}
+    if mine:  # operands and constants in the argument order
+        ordered = []
+        for k, a in enumerate(n.args):
+            if k in mine:
+                ordered.append(mine[k][0])
+            elif isinstance(a, ir.Ref):
+                ordered.append(ops[a[1]])
+            elif isinstance(a, tuple):
+                ordered.extend(ops[r[1]] for r in a if isinstance(r, ir.Ref))
+        ops = ordered if len(ordered) == len(ops) + len(mine) else ops + [mine[k][0] for k in sorted(mine)]
+    statics = [a for k, a in enumerate(n.args) if k not in mine and not isinstance(a, ir.Ref)
                and not (isinstance(a, tuple) and a and isinstance(a[0], ir.Ref))]
-    return f"{n.op}({ops})" + (f", args={statics}" if statics else "")
+    return f"{n.op}({', '.join(ops)})" + (f", args={statics}" if statics else "")
+
+
+_scalar_slots: Dict[str, tuple] = {}
+# schema types whose argument may be a Python number (a Tensor slot: a wrapped number)
+_NUMBER_SLOTS = ("number", "Optional[number]", "Scalar", "Scalar?", "Tensor", "Tensor?")
+
+
+def _scalar_positions(op: str) -> tuple:
+    """Positions of an aten overload's Scalar (or wrapped number) arguments: a number
+    there is compiled into the program (the special scalars 0 and 1, pow's exponent);
+    other numbers are graph parameters, operands of their own."""
+    got = _scalar_slots.get(op)
+    if got is None:
+        got = ()
+        if op.startswith("aten::"):
+            base, _, overload = op[len("aten::"):].partition(".")
+            try:
+                schema = getattr(getattr(torch.ops.aten, base), overload or "default")._schema
+                got = tuple(k for k, a in enumerate(schema.arguments) if str(a.type) in _NUMBER_SLOTS)
+            except (AttributeError, RuntimeError):
+                pass
+        _scalar_slots[op] = got
+    return got
+
+
+def _constants(order: List) -> Dict[int, Dict[int, tuple]]:
+    """The compiled-in Scalar arguments of each node: {id(node): {arg position: (name,
+    line)}}, listed first in the text as `prim::Constant` nodes."""
+    out: Dict[int, Dict[int, tuple]] = {}
+    count = 0
+    for n in order:
+        if isinstance(n, (ir.DeviceData, ir.ScalarParam, ir.Constant)):
+            continue
+        for k in _scalar_positions(n.op):
+            v = n.args[k] if k < len(n.args) else None
+            if type(v) not in (int, float, bool):
+                continue
+            dt = n.operands[0][0].avals[n.operands[0][1]][1] if n.operands else n.avals[0][1]
+            name = f"%{count}"
+            count += 1
+            out.setdefault(id(n), {})[k] = (name, f"  {name} = {_aval(((), dt))} prim::Constant(), value={v}")
+    return out
 
 
 def ir_text(order: List, roots: List[tuple]) -> str:
     """The IR graph, one node per line (with XLA_IR_DEBUG or `_set_ir_debug`, each op's source line)."""
+    consts = _constants(order)
+    lines = ["IR {"] + [line for c in consts.values() for _, line in c.values()]
     names = {}
-    lines = ["IR {"]
+    first = len(lines) - 1
     sources = ir.SOURCES
     root_ids = {}
     for i, (n, _) in enumerate(roots):
         root_ids.setdefault(id(n), i)
     for n in order:
-        names[id(n)] = f"%{len(names)}"
+        names[id(n)] = f"%{len(names) + first}"
         shapes = ", ".join(_aval(a) for a in n.avals if a is not None)
         src = sources.get(n) if sources else None
         loc = f", location={src}" if src else ""
         root = f", ROOT={root_ids[id(n)]}" if id(n) in root_ids else ""
-        lines.append(f"  {names[id(n)]} = {shapes} {_node_desc(n, names)}{loc}{root}")
+        lines.append(f"  {names[id(n)]} = {shapes} {_node_desc(n, names, consts)}{loc}{root}")
     lines.append("}")
     return "\n".join(lines) + "\n"
 

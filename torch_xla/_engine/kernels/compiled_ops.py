@@ -29,6 +29,39 @@ def register(library, engine_op) -> None:
     library.impl_ns("xla", "all_reduce", _all_reduce_fake, "Meta")
     register_mark_sharding(library)
     register_mark_tensor(library)
+    library.define("xla", DOT_GENERAL)
+    library.impl_ns("xla", "dot_general", _dot_general_xla, "PrivateUse1")
+    library.impl_ns("xla", "dot_general", _dot_general_fake, "Meta")
+
+
+# One XLA DotGeneral without batch dimensions: `XLAPatchedLinear` contracts an N-d
+# activation with a weight as one dot (an einsum or matmul would flatten it to 2-d with
+# reshapes, which SPMD's sharding propagation cannot see through).
+DOT_GENERAL = "dot_general(Tensor lhs, Tensor rhs, int[] lhs_contracting, int[] rhs_contracting) -> Tensor"
+
+
+def _dot_shape(lhs, rhs, lc, rc):
+    lc = [d % lhs.dim() for d in lc]
+    rc = [d % rhs.dim() for d in rc]
+    if [lhs.shape[d] for d in lc] != [rhs.shape[d] for d in rc]:
+        raise RuntimeError(f"dot_general: contracting sizes differ: {list(lhs.shape)} dims {lc} vs "
+                           f"{list(rhs.shape)} dims {rc}")
+    return lc, rc, tuple(s for d, s in enumerate(lhs.shape) if d not in lc) + \
+        tuple(s for d, s in enumerate(rhs.shape) if d not in rc)
+
+
+def _dot_general_xla(lhs, rhs, lhs_contracting, rhs_contracting):
+    lc, rc, shape = _dot_shape(lhs, rhs, lhs_contracting, rhs_contracting)
+    dtype = torch.result_type(lhs, rhs)
+    lhs, rhs = lhs.to(dtype), rhs.to(dtype)
+    dn = ((tuple(lc), tuple(rc)), ((), ()))
+    (out,) = _engine_op[0]("xla::dot_general", [lhs, rhs], (dn, None), [(shape, dtype)])
+    return out
+
+
+def _dot_general_fake(lhs, rhs, lhs_contracting, rhs_contracting):
+    lc, rc, shape = _dot_shape(lhs, rhs, lhs_contracting, rhs_contracting)
+    return lhs.new_empty(shape, dtype=torch.result_type(lhs, rhs))
 
 
 # A sharding constraint as a graph op: `MarkShardingFunction` under aot_autograd / export

@@ -14,6 +14,7 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dty
 
 from .. import patches, runtime
 from ..tensor import state_of
+from . import messages
 from .plan import OPT_SCALAR, OPT_TENSOR, OPT_TENSOR_LIST, SCALAR, TENSOR, TENSOR_LIST
 
 _DEFAULT_KIND = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
@@ -113,10 +114,14 @@ def infer(k, args) -> ShapeEntry:
     except NotImplementedError:
         # No meta kernel for this combination of arguments (PyTorch raises this type).
         return ShapeEntry((), "one", None, fallback=True)
-    except RuntimeError as e:
-        if _needs_data(e):
+    except (RuntimeError, ValueError) as e:
+        if isinstance(e, RuntimeError) and _needs_data(e):
             return ShapeEntry((), "one", None, fallback=True)
-        raise
+        # PyTorch/XLA's more precise wording of some checks (PyTorch's type kept)
+        worded = messages.reword(k.name, {a.name: m for a, m in zip(schema_args, margs)}, e)
+        if worded is e:
+            raise
+        raise worded from None
     if isinstance(out, torch.Tensor):
         structure, outs = "one", (out,)
     elif isinstance(out, tuple):

@@ -5,7 +5,7 @@ text of its program, so two computations built alike share one compiled graph.
 """
 from __future__ import annotations
 
-from .table import lowering
+from .table import lowering, matmul_precision
 
 
 @lowering("xla::user_computation")
@@ -20,4 +20,5 @@ def user_computation(*args):
 def dot_general(lhs, rhs, dimension_numbers, preferred):
     """XLA's DotGeneral: ((lhs contracting, rhs contracting), (lhs batch, rhs batch))."""
     from jax import lax
-    return lax.dot_general(lhs, rhs, dimension_numbers, preferred_element_type=preferred)
+    return lax.dot_general(lhs, rhs, dimension_numbers, precision=matmul_precision(),
+                           preferred_element_type=preferred)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax import lax
 
 from .table import matmul_precision, lowering, out_dtype, out_shape
@@ -57,7 +58,55 @@ def _mH(x):
 
 # ---- products -------------------------------------------------------------------------------------
 
-@lowering("aten::mm", "aten::bmm", "aten::mv")
+_CNAME = {"float32": "float", "float64": "double", "float16": "c10::Half", "bfloat16": "c10::BFloat16",
+          "int64": "long int", "int32": "int", "int16": "short int", "int8": "signed char", "uint8": "unsigned char",
+          "complex64": "c10::complex<float>", "complex128": "c10::complex<double>", "bool": "bool"}
+
+
+def _cname(dt) -> str:
+    s = str(dt).replace("torch.", "")
+    return _CNAME.get(s, s)
+
+
+def _sname(dt) -> str:
+    return torch.empty(0, dtype=dt).type().replace("torch.", "").replace("Tensor", "")
+
+
+# PyTorch's meta kernels of mm, mv, addmm and addmv do not check that the operands share a
+# dtype (its CPU kernels do): the checks below raise the CPU's error at the op's line.
+def _meta_mm(x, y):
+    if x.dtype != y.dtype:
+        raise RuntimeError(f"expected m1 and m2 to have the same dtype, but got: {_cname(x.dtype)} != {_cname(y.dtype)}")
+    return torch.ops.aten.mm.default(x, y)
+
+
+def _meta_mv(x, y):
+    if x.dtype != y.dtype:
+        raise RuntimeError(f"addmv input tensors must have the same dtype, but got {_sname(x.dtype)} and "
+                           f"{_sname(y.dtype)}")
+    return torch.ops.aten.mv.default(x, y)
+
+
+def _meta_addmm(self, m1, m2, beta=1, alpha=1):
+    if self.dtype != m2.dtype:
+        raise RuntimeError(f"self and mat2 must have the same dtype, but got {_sname(self.dtype)} and "
+                           f"{_sname(m2.dtype)}")
+    if m1.dtype != m2.dtype:
+        raise RuntimeError(f"mat1 and mat2 must have the same dtype, but got {_sname(m1.dtype)} and "
+                           f"{_sname(m2.dtype)}")
+    return torch.ops.aten.addmm.default(self, m1, m2, beta=beta, alpha=alpha)
+
+
+def _meta_addmv(self, m, v, beta=1, alpha=1):
+    if not self.dtype == m.dtype == v.dtype:
+        raise RuntimeError(f"addmv input tensors must have the same dtype, but got {_sname(self.dtype)}, "
+                           f"{_sname(m.dtype)} and {_sname(v.dtype)}")
+    return torch.ops.aten.addmv.default(self, m, v, beta=beta, alpha=alpha)
+
+
+@lowering("aten::mm", meta=_meta_mm)
+@lowering("aten::mv", meta=_meta_mv)
+@lowering("aten::bmm")
 def mm(x, y):
     return _matmul(x, y)
 
@@ -72,7 +121,9 @@ def vdot(x, y):
     return jnp.dot(jnp.conj(x), y, precision=matmul_precision())
 
 
-@lowering("aten::addmm", "aten::addmv", "aten::baddbmm")
+@lowering("aten::addmm", meta=_meta_addmm)
+@lowering("aten::addmv", meta=_meta_addmv)
+@lowering("aten::baddbmm")
 def addmm(self, m1, m2, beta=1, alpha=1):
     return _scaled_add(self, _matmul(m1, m2, wide=True), beta, alpha)
 

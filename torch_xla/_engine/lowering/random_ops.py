@@ -15,6 +15,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 
 from .table import lowering, out_dtype, out_shape
 
@@ -125,11 +126,11 @@ def _randint(key, shape, lo, hi, dt):
     """Uniform integers in [lo, hi), returned in dtype dt."""
     lo, hi = int(lo), int(hi)
     if hi > np.iinfo(np.int64).max:
-        # [lo, 2^63): 63 random bits, reduced into the span
-        bits = (jax.random.bits(key, shape, jnp.uint64) >> np.uint64(1)).astype(jnp.int64)
-        if lo != 0:
-            bits = lo + bits % (hi - lo)
-        return bits.astype(dt)
+        if lo == 0:  # [0, 2^63): 63 random bits
+            return (jax.random.bits(key, shape, jnp.uint64) >> np.uint64(1)).astype(jnp.int64).astype(dt)
+        # a span beyond int64: reduced in uint64, shifted by lo modulo 2^64
+        bits = jax.random.bits(key, shape, jnp.uint64) % np.uint64(hi - lo) + np.uint64(lo % (1 << 64))
+        return jax.lax.bitcast_convert_type(bits, jnp.int64).astype(dt)
     v = jax.random.randint(key, shape, lo, hi, jnp.int64)
     return v.astype(dt)
 
@@ -140,7 +141,45 @@ def random_default(x, generator=None, key=None):
     return _randint(key, shape, 0, _max_int(dt), dt)
 
 
-@lowering("aten::random.from", random=True)
+def _check_from_to(x, lo, hi):
+    """PyTorch's checks of random_'s bounds (its meta kernel has none): `lo` < `hi`, and
+    both ends of the interval representable in x's dtype."""
+    dt = x.dtype
+    if hi is not None:
+        if lo >= hi:
+            raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={lo} >= to={hi}")
+        top = hi - 1
+    elif dt.is_floating_point:
+        top = 1 << _DIGITS[dt]
+        if lo >= top:
+            raise RuntimeError(f"random_ expects 'from' casted to dtype to be less than or equal to "
+                               f"'to_inc' casted to dtype, but got from={lo} > to_inc={top}")
+    else:
+        top = 1 if dt == torch.bool else torch.iinfo(dt).max
+    info = torch.finfo(dt) if dt.is_floating_point else (torch.iinfo(dt) if dt != torch.bool else None)
+    mn, mx = (0, 1) if info is None else (info.min, info.max)
+    for what, v in (("from", lo), ("to - 1", top)):
+        if not mn <= v <= mx:
+            raise RuntimeError(f"{what} is out of bounds for {_C_TYPE.get(dt, dt)}")
+
+
+_DIGITS = {torch.float64: 53, torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}
+_C_TYPE = {torch.float16: "c10::Half", torch.bfloat16: "c10::BFloat16", torch.float32: "float",
+           torch.float64: "double", torch.int64: "long int", torch.int32: "int", torch.int16: "short int",
+           torch.int8: "signed char", torch.uint8: "unsigned char", torch.bool: "bool"}
+
+
+def _meta_random_from(x, lo, hi=None, generator=None):
+    _check_from_to(x, lo, hi)
+    return torch.empty_like(x)
+
+
+def _meta_random_to(x, hi, generator=None):
+    _check_from_to(x, 0, hi)
+    return torch.empty_like(x)
+
+
+@lowering("aten::random.from", random=True, meta=_meta_random_from)
 def random_from(x, lo, hi=None, generator=None, key=None):
     shape, dt = _shape_dtype()
     if hi is None:
@@ -148,7 +187,7 @@ def random_from(x, lo, hi=None, generator=None, key=None):
     return _randint(key, shape, lo, hi, dt)
 
 
-@lowering("aten::random.to", random=True)
+@lowering("aten::random.to", random=True, meta=_meta_random_to)
 def random_to(x, hi, generator=None, key=None):
     shape, dt = _shape_dtype()
     return _randint(key, shape, 0, hi, dt)
