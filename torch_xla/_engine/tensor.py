@@ -90,6 +90,9 @@ class _Pending:
 
 
 pending = _Pending()
+_pending_refs = pending.refs   # never rebound: take_live deletes a prefix in place
+_new = object.__new__
+_weak = weakref.ref
 # Every state that has pointed at device data since its last barrier: the executor reads
 # which DeviceData leaves live tensors hold from here (donation.py).
 data_states: "weakref.WeakSet[XlaState]" = weakref.WeakSet()
@@ -99,10 +102,14 @@ def make_tensor(node: ir.Node, idx: int, shape, dtype: torch.dtype) -> torch.Ten
     """A new inner (non-functional) XLA tensor holding IR value (node, idx)."""
     _CREATED[0] += 1
     t = _create_empty(shape, dtype)
-    s = TensorState(node, idx, tuple(shape), dtype)
-    t._xla = s
+    # Made without the class call (once per traced op: `_new` and slot stores cost less).
+    t._xla = s = _new(TensorState)
+    s.node = node
+    s.idx = idx
+    s.shape = tuple(shape)
+    s.dtype = dtype
     if type(node) is not ir.DeviceData:
-        pending.refs.append(weakref.ref(s))
+        _pending_refs.append(_weak(s))
     else:
         data_states.add(s)
     return t

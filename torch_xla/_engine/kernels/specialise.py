@@ -70,10 +70,11 @@ def specialise(k: OpKernel):
     `OpKernel.__call__`, which it calls for anything else (first call of a shape, other
     CPU scalars, fallbacks, eager mode), without the per-argument kind dispatch."""
     low = k.low
-    ns = {"generic": k.__call__, "outputs": k._outputs, "cache": k.cache, "Node": ir.Node, "ScalarParam": ir.ScalarParam,
+    ns = {"generic": k.__call__, "outputs": k._outputs, "cache": k.cache,
           "make_tensor": make_tensor, "Tensor": torch.Tensor, "REFS": REFS, "EAGER": EAGER, "freeze": freeze,
           "NOSPECIAL": NO_SPECIAL_SCALARS, "NAME": k.name, "LOW": low, "PROMOTE": low.promote,
-          "COUNT": k.op_count, "copysign": math.copysign}
+          "COUNT": k.op_count, "copysign": math.copysign, "make_node": ir.make_node,
+          "scalar_param": ir.scalar_param}
     params, call, tensors, lines, key, argv, scalars = [], [], [], [], ["NAME"], [], []
     kw_only = False
     tpos = [i for i, x in enumerate(k.kinds) if x in (TENSOR, OPT_TENSOR)]
@@ -96,7 +97,7 @@ def specialise(k: OpKernel):
             # backend as a Python float): a Scalar, as in the generic kernel.
             lines += [f"_s{i} = getattr({v}, '_xla', None)", f"if _s{i} is not None:",
                       f"    _k{i} = (_s{i}.shape, _s{i}.dtype); _p{i} = False; _w{i} = REFS[len(_ops)]",
-                      f"    _ops.append((_s{i}.node, _s{i}.idx))",
+                      f"    _n = _s{i}.node; _ops.append((_n, _s{i}.idx)); _hx.append(_n.hash); _hx.append(_s{i}.idx)",
                       "else:", f"    _t{i} = type({v})",
                       f"    if _t{i} is not float and _t{i} is not int:", "        return generic(CALL)",
                       f"    if not NOSPECIAL and ({v} == 1 or {v} == 0 and copysign(1.0, {v}) > 0):",
@@ -113,7 +114,8 @@ def specialise(k: OpKernel):
             lines += [f"if {v} is None:", f"    _k{i} = (None,); _r{i} = None", "else:",
                       f"    _s{i} = getattr({v}, '_xla', None)", f"    if _s{i} is None:", "        return generic(CALL)",
                       f"    _k{i} = (_s{i}.shape, _s{i}.dtype)",
-                      f"    _r{i} = REFS[len(_ops)]; _ops.append((_s{i}.node, _s{i}.idx))"]
+                      f"    _r{i} = REFS[len(_ops)]; _n = _s{i}.node; _ops.append((_n, _s{i}.idx))",
+                      f"    _hx.append(_n.hash); _hx.append(_s{i}.idx)"]
             key.append(f"*_k{i}")
             argv.append(f"_r{i}")
         elif kind == STATIC:
@@ -133,13 +135,18 @@ def specialise(k: OpKernel):
         body = (["try:"] + [f"    _s{i} = {names[i]}._xla" for i in tensors]
                 + ["except AttributeError:", "    return generic(CALL)"])
     body.append(f"_ops = [{', '.join(f'(_s{i}.node, _s{i}.idx)' for i in tensors)}]")
+    # The node's hash parts (ir.node_hash's tuple after base and args), kept beside _ops.
+    body.append(f"_hx = [{', '.join(f'_s{i}.node.hash, _s{i}.idx' for i in tensors)}]")
     body += lines
     body.append(f"_entry = cache.get(({', '.join(key)},))")
     body += ["if _entry is None or _entry.fallback or EAGER[0]:", "    return generic(CALL)"]
     body.append(f"_argv = [{', '.join(argv)}]")
     for i, v in scalars:
-        body += [f"if _p{i}:", f"    _argv[{i}] = REFS[len(_ops)]; _ops.append((ScalarParam({v}, _entry.common), 0))"]
-    body += ["COUNT[0] += 1", "_node = Node(NAME, tuple(_ops), tuple(_argv), _entry.avals, LOW, _entry.common if PROMOTE else None, _entry.base)",
+        body += [f"if _p{i}:", f"    _argv[{i}] = REFS[len(_ops)]; _n = scalar_param({v}, _entry.common)",
+                 "    _ops.append((_n, 0)); _hx.append(_n.hash); _hx.append(0)"]
+    body += ["COUNT[0] += 1", "_argv = tuple(_argv)",
+             "_node = make_node(NAME, tuple(_ops), _argv, _entry.avals, LOW, _entry.common if PROMOTE else None,"
+             " hash((_entry.base, _argv, *_hx)))",
              "if _entry.structure != 'one':", "    return outputs(_node, _entry)",
              "_shape, _dtype = _entry.avals[0]", "return make_tensor(_node, 0, _shape, _dtype)"]
     src = f"def fast({', '.join(params)}):\n" + "\n".join("    " + l.replace("CALL", ", ".join(call))
