@@ -136,7 +136,12 @@ def _calls():
     return [
         # (overload, dispatcher call, direct call on inner tensors)
         ("add.Tensor", lambda: torch.add(a, b, alpha=2.5), lambda ia, ib, ic: ((ia, ib), {"alpha": 2.5})),
+        ("add.Tensor", lambda: a + b, lambda ia, ib, ic: ((ia, ib), {})),               # alpha left at 1
+        ("add.Tensor", lambda: a + 1.0, lambda ia, ib, ic: ((ia, 1.0), {})),            # a constant
+        ("add.Tensor", lambda: a + (-0.0), lambda ia, ib, ic: ((ia, -0.0), {})),         # a parameter
         ("mul.Tensor", lambda: a * 0.25, lambda ia, ib, ic: ((ia, 0.25), {})),           # wrapped number
+        ("relu.default", lambda: torch.relu(a), lambda ia, ib, ic: ((ia,), {})),
+        ("mm.default", lambda: a @ b.t(), None),
         ("mul.Tensor", lambda: a * b, lambda ia, ib, ic: ((ia, ib), {})),
         ("sum.dim_IntList", lambda: a.sum(1, keepdim=True), lambda ia, ib, ic: ((ia, [1], True), {})),
         ("addcmul.default", lambda: torch.addcmul(a, b, c, value=0.3),

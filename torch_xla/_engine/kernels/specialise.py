@@ -149,11 +149,101 @@ def specialise(k: OpKernel):
              " hash((_entry.base, _argv, *_hx)))",
              "if _entry.structure != 'one':", "    return outputs(_node, _entry)",
              "_shape, _dtype = _entry.avals[0]", "return make_tensor(_node, 0, _shape, _dtype)"]
-    src = f"def fast({', '.join(params)}):\n" + "\n".join("    " + l.replace("CALL", ", ".join(call))
-                                                          for l in body) + "\n"
+    src = f"def general({', '.join(params)}):\n" + "\n".join("    " + l.replace("CALL", ", ".join(call))
+                                                             for l in body) + "\n"
+    common = _common_case(k, ns)
+    if common is None:
+        src = src.replace("def general(", "def fast(", 1)
+    else:
+        src += "\n" + f"def fast({', '.join(params)}):\n" + "\n".join(
+            "    " + l.replace("CALL", ", ".join(call)) for l in common) + "\n"
     exec(compile(src, f"<kernel {k.name}>", "exec"), ns)
     fast = ns["fast"]
     fast.source = src
     return fast
+
+
+def _common_case(k: OpKernel, ns: dict):
+    """The lines of the commonest call of an overload, or None: every Tensor argument an
+    inner XLA tensor (the last one may also be a Python number), every Scalar left at a
+    default that is None, 0 or 1, every optional tensor None. Its tuples (key, operands,
+    arguments, hash) have fixed lengths, built in one step each; any other call goes to
+    `general` (the lines above), which goes to the generic kernel."""
+    plan = k.plan
+    names = plan.names
+    if NO_SPECIAL_SCALARS:
+        return None
+    tpos = [i for i, x in enumerate(k.kinds) if x in (TENSOR, OPT_TENSOR)]
+    last_t = tpos[-1] if tpos and k.kinds[tpos[-1]] == TENSOR else -1
+    head, key, argv, fixed = [], ["NAME"], [], []
+    for i, kind in enumerate(plan.kinds):
+        v = names[i]
+        if kind == TENSOR:
+            fixed.append(i)
+            key += [f"_s{i}.shape", f"_s{i}.dtype"]
+            argv.append(f"REFS[{len(fixed) - 1}]" if i != last_t else "LAST")
+            if i == last_t:
+                key[-2:] = ["*LASTKEY"]
+        elif kind == OPT_TENSOR:
+            head += [f"if {v} is not None:", "    return general(CALL)"]
+            key.append("None")
+            argv.append("None")
+        elif kind == STATIC:
+            head.append(f"_x{i} = freeze({v}) if type({v}) is list else {v}")
+            key += [f"type(_x{i})", f"_x{i}"]
+            argv.append(f"_x{i}")
+        else:  # a Scalar: its default only, if that is None or a constant (0, 1)
+            d = plan.defaults[i] if plan.has_default[i] else ...
+            if d is None:
+                key.append("None")
+            elif type(d) in (int, float) and (d == 1 or d == 0 and math.copysign(1.0, d) > 0):
+                ns[f"_kd{i}"] = (type(d), d)
+                key.append(f"_kd{i}")
+            else:
+                return None
+            head += [f"if {v} is not _d{i}:", "    return general(CALL)"]
+            argv.append(f"_d{i}")
+    promote = "_entry.common" if k.low.promote else "None"
+
+    def tail(last_key, last_arg, last_op):
+        """The lines from the key to the result, given the last tensor argument's key
+        parts, argument and operand (None: no operand)."""
+        ops = [f"(_s{i}.node, _s{i}.idx)" for i in fixed if i != last_t]
+        hx = [f"_s{i}.node.hash, _s{i}.idx" for i in fixed if i != last_t]
+        out = [f"_entry = cache.get(({', '.join(x for kp in key for x in (last_key if kp == '*LASTKEY' else [kp]))},))",
+               "if _entry is None or _entry.fallback or EAGER[0]:", "    return general(CALL)"]
+        if last_op == "param":
+            out.append(f"_n = scalar_param({names[last_t]}, _entry.common)")
+            last_arg = f"REFS[{len(ops)}]"
+            ops.append("(_n, 0)")
+            hx.append("_n.hash, 0")
+        elif last_op is not None:
+            ops.append(last_op)
+            hx.append(f"_s{last_t}.node.hash, _s{last_t}.idx")
+        out += ["COUNT[0] += 1", f"_argv = ({''.join(a + ', ' for a in (last_arg if a == 'LAST' else a for a in argv))})",
+                f"_node = make_node(NAME, ({''.join(o + ', ' for o in ops)}), _argv, _entry.avals, LOW, {promote},"
+                f" hash((_entry.base, _argv, {''.join(h + ', ' for h in hx)})))",
+                "if _entry.structure != 'one':", "    return outputs(_node, _entry)",
+                "_shape, _dtype = _entry.avals[0]", "return make_tensor(_node, 0, _shape, _dtype)"]
+        return out
+
+    lines = []
+    inner = [i for i in fixed if i != last_t]
+    if inner:
+        lines += ["try:"] + [f"    _s{i} = {names[i]}._xla" for i in inner] + ["except AttributeError:",
+                                                                              "    return general(CALL)"]
+    lines += head
+    if last_t < 0:
+        return lines + tail([], None, None)
+    v = names[last_t]
+    lines += [f"_s{last_t} = getattr({v}, '_xla', None)", f"if _s{last_t} is not None:"]
+    lines += ["    " + x for x in tail([f"_s{last_t}.shape", f"_s{last_t}.dtype"], f"REFS[{len(inner)}]",
+                                     f"(_s{last_t}.node, _s{last_t}.idx)")]
+    # a wrapped Python number: a constant if 0 or 1, else a graph parameter (as `general`)
+    lines += [f"_t = type({v})", "if _t is not float and _t is not int:", "    return general(CALL)",
+              f"if {v} == 1 or {v} == 0 and copysign(1.0, {v}) > 0:"]
+    lines += ["    " + x for x in tail([f"(_t, {v})"], v, None)]
+    lines += tail(["_t"], None, "param")
+    return lines
 
 
