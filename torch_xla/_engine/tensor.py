@@ -15,7 +15,7 @@ import torch
 
 from . import ir, metrics
 
-_create_empty = torch._C._acc.create_empty_tensor
+create_empty = _create_empty = torch._C._acc.create_empty_tensor
 is_functional = torch._is_functional_tensor
 _from_functional = torch._from_functional_tensor
 _to_functional = torch._to_functional_tensor
@@ -45,7 +45,7 @@ class XlaState:
         data_states.add(self)
 
 
-_CREATED = metrics.cell("CreateXlaTensor")
+CREATED = _CREATED = metrics.cell("CreateXlaTensor")
 _DESTROYED = metrics.cell("DestroyXlaTensor")
 
 

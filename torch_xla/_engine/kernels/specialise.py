@@ -14,10 +14,11 @@ from __future__ import annotations
 import keyword
 import math
 import threading
+import weakref
 
 import torch
 
-from .. import ir
+from .. import ir, tensor
 from ..mode import EAGER
 from ..tensor import make_tensor
 from . import library
@@ -74,7 +75,10 @@ def specialise(k: OpKernel):
           "make_tensor": make_tensor, "Tensor": torch.Tensor, "REFS": REFS, "EAGER": EAGER, "freeze": freeze,
           "NOSPECIAL": NO_SPECIAL_SCALARS, "NAME": k.name, "LOW": low, "PROMOTE": low.promote,
           "COUNT": k.op_count, "copysign": math.copysign, "make_node": ir.make_node,
-          "scalar_param": ir.scalar_param}
+          "scalar_param": ir.scalar_param, "NEW": object.__new__, "Node": ir.Node, "RECORDING": ir.RECORDING,
+          "record_source": ir.record_source, "CHECK_SOURCES": ir.CHECK_SOURCES, "user_line": ir.user_line,
+          "CREATED": tensor.CREATED, "EMPTY": tensor.create_empty, "TensorState": tensor.TensorState,
+          "PENDING": tensor.pending.refs, "WEAK": weakref.ref}
     params, call, tensors, lines, key, argv, scalars = [], [], [], [], ["NAME"], [], []
     kw_only = False
     tpos = [i for i, x in enumerate(k.kinds) if x in (TENSOR, OPT_TENSOR)]
@@ -163,6 +167,28 @@ def specialise(k: OpKernel):
     return fast
 
 
+_NEW_NODE = """_node = NEW(Node)
+_node.op = NAME
+_node.operands = ({ops})
+_node.args = _argv
+_node.avals = _entry.avals
+_node.lowering = LOW
+_node.info = {promote}
+_node.hash = hash((_entry.base, _argv, {hx}))
+if RECORDING[0]:
+    record_source(_node)"""
+_NEW_TENSOR = """CREATED[0] += 1
+_shape, _dtype = _entry.avals[0]
+_t = EMPTY(_shape, _dtype)
+_t._xla = _st = NEW(TensorState)
+_st.node = _node
+_st.idx = 0
+_st.shape = _shape
+_st.dtype = _dtype
+PENDING.append(WEAK(_st))
+return _t"""
+
+
 def _common_case(k: OpKernel, ns: dict):
     """The lines of the commonest call of an overload, or None: every Tensor argument an
     inner XLA tensor (the last one may also be a Python number), every Scalar left at a
@@ -221,10 +247,15 @@ def _common_case(k: OpKernel, ns: dict):
             ops.append(last_op)
             hx.append(f"_s{last_t}.node.hash, _s{last_t}.idx")
         out += ["COUNT[0] += 1", f"_argv = ({''.join(a + ', ' for a in (last_arg if a == 'LAST' else a for a in argv))})",
-                f"_node = make_node(NAME, ({''.join(o + ', ' for o in ops)}), _argv, _entry.avals, LOW, {promote},"
-                f" hash((_entry.base, _argv, {''.join(h + ', ' for h in hx)})))",
-                "if _entry.structure != 'one':", "    return outputs(_node, _entry)",
-                "_shape, _dtype = _entry.avals[0]", "return make_tensor(_node, 0, _shape, _dtype)"]
+                "if _entry.structure != 'one':",
+                f"    return outputs(make_node(NAME, ({''.join(o + ', ' for o in ops)}), _argv, _entry.avals, LOW, {promote},"
+                f" hash((_entry.base, _argv, {''.join(h + ', ' for h in hx)}))), _entry)"]
+        # ir.make_node and tensor.make_tensor, inline: this is the path of most traced ops
+        out += _NEW_NODE.format(ops="".join(o + ", " for o in ops), promote=promote,
+                                hx="".join(h + ", " for h in hx)).splitlines()
+        if k.low.checked:
+            out.append("CHECK_SOURCES[_node] = user_line()")
+        out += _NEW_TENSOR.splitlines()
         return out
 
     lines = []
@@ -240,10 +271,10 @@ def _common_case(k: OpKernel, ns: dict):
     lines += ["    " + x for x in tail([f"_s{last_t}.shape", f"_s{last_t}.dtype"], f"REFS[{len(inner)}]",
                                      f"(_s{last_t}.node, _s{last_t}.idx)")]
     # a wrapped Python number: a constant if 0 or 1, else a graph parameter (as `general`)
-    lines += [f"_t = type({v})", "if _t is not float and _t is not int:", "    return general(CALL)",
+    lines += [f"_ty = type({v})", "if _ty is not float and _ty is not int:", "    return general(CALL)",
               f"if {v} == 1 or {v} == 0 and copysign(1.0, {v}) > 0:"]
-    lines += ["    " + x for x in tail([f"(_t, {v})"], v, None)]
-    lines += tail(["_t"], None, "param")
+    lines += ["    " + x for x in tail([f"(_ty, {v})"], v, None)]
+    lines += tail(["_ty"], None, "param")
     return lines
 
 
