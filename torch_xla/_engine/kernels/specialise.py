@@ -267,12 +267,13 @@ def _common_case(k: OpKernel, ns: dict):
     if last_t < 0:
         return lines + tail([], None, None)
     v = names[last_t]
-    lines += [f"_s{last_t} = getattr({v}, '_xla', None)", f"if _s{last_t} is not None:"]
+    # a type test first: cheaper than getattr with a default, and no exception for numbers
+    lines += [f"_ty = type({v})", "if _ty is not float and _ty is not int:", "    try:", f"        _s{last_t} = {v}._xla",
+              "    except AttributeError:", "        return general(CALL)"]
     lines += ["    " + x for x in tail([f"_s{last_t}.shape", f"_s{last_t}.dtype"], f"REFS[{len(inner)}]",
                                      f"(_s{last_t}.node, _s{last_t}.idx)")]
     # a wrapped Python number: a constant if 0 or 1, else a graph parameter (as `general`)
-    lines += [f"_ty = type({v})", "if _ty is not float and _ty is not int:", "    return general(CALL)",
-              f"if {v} == 1 or {v} == 0 and copysign(1.0, {v}) > 0:"]
+    lines += [f"if {v} == 1 or {v} == 0 and copysign(1.0, {v}) > 0:"]
     lines += ["    " + x for x in tail([f"(_ty, {v})"], v, None)]
     lines += tail(["_ty"], None, "param")
     return lines
