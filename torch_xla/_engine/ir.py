@@ -134,15 +134,14 @@ class DeviceData(Node):
     compiled for one layout of its inputs must not be replayed on another."""
     __slots__ = ("array", "computed")
     shard_aware = False
-    # A leaf's constant fields are class attributes: one fewer store each per leaf made.
-    op = "xla::device_data"
-    operands = ()
-    args = ()
-    lowering = None
-    info = None
 
     def __init__(self, array, aval: Aval):
+        self.op = "xla::device_data"
+        self.operands = ()
+        self.args = ()
         self.avals = (aval,)
+        self.lowering = None
+        self.info = None
         self.array = array
         self.computed = False  # a program's result (SPMD: its layout is XLA's choice, shown)
         if DeviceData.shard_aware:
@@ -161,13 +160,13 @@ _SCALAR_LEAF = {}   # dtype -> (avals, hash) of its ScalarParams
 class ScalarParam(Node):
     """A leaf holding a Python scalar that is passed to the program as a 0-d parameter."""
     __slots__ = ("value",)
-    op = "xla::scalar"
-    operands = ()
-    args = ()
-    lowering = None
-    info = None
 
     def __init__(self, value, dtype):
+        self.op = "xla::scalar"
+        self.operands = ()
+        self.args = ()
+        self.lowering = None
+        self.info = None
         self.value = value
         self.avals, self.hash = _scalar_leaf(dtype)
 
@@ -186,6 +185,11 @@ def _scalar_leaf(dtype):
 def scalar_param(value, dtype) -> ScalarParam:
     """`ScalarParam(value, dtype)` without the class call (the specialised kernels' path)."""
     p = _new(ScalarParam)
+    p.op = "xla::scalar"
+    p.operands = ()
+    p.args = ()
+    p.lowering = None
+    p.info = None
     p.value = value
     c = _SCALAR_LEAF.get(dtype) or _scalar_leaf(dtype)
     p.avals = c[0]
@@ -196,14 +200,14 @@ def scalar_param(value, dtype) -> ScalarParam:
 class Constant(Node):
     """A leaf whose value is part of the program (and of the hash)."""
     __slots__ = ("value",)
-    op = "xla::constant"
-    operands = ()
-    args = ()
-    lowering = None
-    info = None
 
     def __init__(self, value, aval: Aval):
+        self.op = "xla::constant"
+        self.operands = ()
+        self.args = ()
         self.avals = (aval,)
+        self.lowering = None
+        self.info = None
         self.value = value
         if isinstance(value, np.ndarray):
             key = (value.shape, str(value.dtype), value.tobytes())
