@@ -6,8 +6,10 @@ of that overload (every tensor argument an inner XLA tensor, the last one possib
 wrapped number; every Scalar a Python int or float; a cached shape entry), building the
 same cache key and the same node as the generic kernel, and registers it in place of
 the stub. Anything else (first call of a shape, CPU scalars, fallbacks, eager mode)
-goes to the generic kernel. This is where the per-op tracing cost is decided; a test
-checks that both kernels build equal nodes and that the fast path is taken.
+goes to the generic kernel. Its first layer (`_common_case`) is the overload's commonest
+call, with fixed-length tuples and the node and output tensor made inline. This is where
+the per-op tracing cost is decided; a test checks that both kernels build equal nodes and
+that the fast path is taken.
 """
 from __future__ import annotations
 
