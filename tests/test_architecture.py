@@ -136,7 +136,12 @@ def _calls():
     return [
         # (overload, dispatcher call, direct call on inner tensors)
         ("add.Tensor", lambda: torch.add(a, b, alpha=2.5), lambda ia, ib, ic: ((ia, ib), {"alpha": 2.5})),
+        ("add.Tensor", lambda: a + b, lambda ia, ib, ic: ((ia, ib), {})),               # alpha left at 1
+        ("add.Tensor", lambda: a + 1.0, lambda ia, ib, ic: ((ia, 1.0), {})),            # a constant
+        ("add.Tensor", lambda: a + (-0.0), lambda ia, ib, ic: ((ia, -0.0), {})),         # a parameter
         ("mul.Tensor", lambda: a * 0.25, lambda ia, ib, ic: ((ia, 0.25), {})),           # wrapped number
+        ("relu.default", lambda: torch.relu(a), lambda ia, ib, ic: ((ia,), {})),
+        ("mm.default", lambda: a @ b.t(), None),
         ("mul.Tensor", lambda: a * b, lambda ia, ib, ic: ((ia, ib), {})),
         ("sum.dim_IntList", lambda: a.sum(1, keepdim=True), lambda ia, ib, ic: ((ia, [1], True), {})),
         ("addcmul.default", lambda: torch.addcmul(a, b, c, value=0.3),
@@ -255,3 +260,27 @@ def test_capture_runs_the_traced_program_on_new_inputs():
     assert "stablehlo" in prog.lowered().as_text() or "func.func" in prog.lowered().as_text()
     with pytest.raises(ValueError, match="aval"):
         prog.run(torch.randn(6, 4).to(d), accd)
+
+
+def test_specialised_kernel_records_sources_and_index_check_lines():
+    """The common case makes its node inline: it still records the user's line while
+    sources are recorded, and the line of an index-checked op."""
+    from torch_xla._engine import ir
+    d = xm.xla_device()
+    a, b = torch.randn(3, 4, device=d), torch.randn(3, 4, device=d)
+    idx = torch.tensor([0, 2], device=d)
+    for _ in range(2):  # the second call takes the fast path
+        s = a + b
+        sel = torch.index_select(a, 0, idx)
+    assert KERNELS["add.Tensor"].fast is not None and KERNELS["index_select.default"].fast is not None
+    line = sys._getframe().f_lineno + 3
+    ir.record_sources(True)
+    try:
+        s = a + b
+    finally:
+        ir.record_sources(False)
+    assert ir.SOURCES[unwrap(s)._xla.node] == f"test_architecture.py:{line}"
+    sel = torch.index_select(a, 0, idx)
+    assert ir.CHECK_SOURCES[unwrap(sel)._xla.node].endswith(f"test_architecture.py:{line + 4}")
+    assert torch.equal(sel.cpu(), torch.index_select(a.cpu(), 0, idx.cpu()))
+    xm.mark_step()

@@ -66,6 +66,17 @@ def node_base(op: str, avals: tuple, info=None) -> int:
     return hash((op, avals, info, next(_entry_ids)))
 
 
+def node_hash(base: int, args: tuple, operands: tuple) -> int:
+    """A node's hash: its base, its argument tuple, then each operand's hash and output
+    index in order, in one flat tuple (the specialised kernels build the same tuple
+    inline, `kernels/specialise.py`)."""
+    h = [base, args]
+    for n, i in operands:
+        h.append(n.hash)
+        h.append(i)
+    return hash(tuple(h))
+
+
 class Node:
     """An IR node. `args` is the op's full argument tuple with `Ref`s where operands go."""
     __slots__ = ("op", "operands", "args", "avals", "hash", "lowering", "info", "__weakref__")
@@ -81,12 +92,11 @@ class Node:
         # `base` is node_base(op, avals, info), which kernels cache per shape entry.
         # Without a kernel's base the args are hashed by their text too: Python's hash
         # maps -1 and -2 (and equal ints and floats) to one value.
-        h = hash((hash((op, avals, info, repr(args))) if base is None else base, args))
-        for n, i in operands:
-            h = hash((h, n.hash, i))
-        self.hash = h
+        self.hash = node_hash(hash((op, avals, info, repr(args))) if base is None else base, args, operands)
         if lowering is not None and lowering.checked:
             CHECK_SOURCES[self] = user_line()
+        if RECORDING[0]:
+            record_source(self)
 
     @property
     def is_leaf(self) -> bool:
@@ -94,6 +104,28 @@ class Node:
 
     def __repr__(self):
         return f"Node({self.op}, {len(self.operands)} operands)"
+
+
+_new = object.__new__
+
+
+def make_node(op: str, operands: tuple, args: tuple, avals: tuple, lowering, info, h: int) -> Node:
+    """A `Node` whose hash `h` the caller computed (`node_hash`'s tuple, built inline by
+    the specialised kernels): a plain function and slot stores, which cost less than the
+    class call, once per traced op."""
+    node = _new(Node)
+    node.op = op
+    node.operands = operands
+    node.args = args
+    node.avals = avals
+    node.lowering = lowering
+    node.info = info
+    node.hash = h
+    if lowering.checked:
+        CHECK_SOURCES[node] = user_line()
+    if RECORDING[0]:
+        record_source(node)
+    return node
 
 
 class DeviceData(Node):
@@ -123,6 +155,9 @@ class DeviceData(Node):
         return True
 
 
+_SCALAR_LEAF = {}   # dtype -> (avals, hash) of its ScalarParams
+
+
 class ScalarParam(Node):
     """A leaf holding a Python scalar that is passed to the program as a 0-d parameter."""
     __slots__ = ("value",)
@@ -131,15 +166,36 @@ class ScalarParam(Node):
         self.op = "xla::scalar"
         self.operands = ()
         self.args = ()
-        self.avals = (((), dtype),)
         self.lowering = None
         self.info = None
         self.value = value
-        self.hash = hash(("scalar", dtype))
+        self.avals, self.hash = _scalar_leaf(dtype)
 
     @property
     def is_leaf(self) -> bool:
         return True
+
+
+def _scalar_leaf(dtype):
+    c = _SCALAR_LEAF.get(dtype)
+    if c is None:
+        c = _SCALAR_LEAF[dtype] = ((((), dtype),), hash(("scalar", dtype)))
+    return c
+
+
+def scalar_param(value, dtype) -> ScalarParam:
+    """`ScalarParam(value, dtype)` without the class call (the specialised kernels' path)."""
+    p = _new(ScalarParam)
+    p.op = "xla::scalar"
+    p.operands = ()
+    p.args = ()
+    p.lowering = None
+    p.info = None
+    p.value = value
+    c = _SCALAR_LEAF.get(dtype) or _scalar_leaf(dtype)
+    p.avals = c[0]
+    p.hash = c[1]
+    return p
 
 
 class Constant(Node):
@@ -203,26 +259,20 @@ def user_line() -> str:
 
 SOURCES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # node -> "file.py:line"
 RECORDING = [False]
-_WRAPPED = [False]
 
 
 def record_sources(on: bool = True) -> None:
     """From now on every new node remembers the first Python frame outside torch_xla and
-    torch that created it (only when asked: this wraps the constructor); `on=False` stops."""
+    torch that created it (only when asked: node constructors test RECORDING); `on=False`
+    stops."""
     RECORDING[0] = on
-    if _WRAPPED[0] or not on:
-        return
-    _WRAPPED[0] = True
-    init = Node.__init__
 
-    def __init__(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        if not RECORDING[0]:
-            return
-        f = _user_frame()
-        if f is not None:
-            SOURCES[self] = f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
-    Node.__init__ = __init__
+
+def record_source(node: Node) -> None:
+    """Remembers the user's line that created `node` (while RECORDING)."""
+    f = _user_frame()
+    if f is not None:
+        SOURCES[node] = f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
 
 
 # ---- IR scopes: the names of the open profiler `Trace` regions -------------------------

@@ -15,7 +15,7 @@ import torch
 
 from . import ir, metrics
 
-_create_empty = torch._C._acc.create_empty_tensor
+create_empty = _create_empty = torch._C._acc.create_empty_tensor
 is_functional = torch._is_functional_tensor
 _from_functional = torch._from_functional_tensor
 _to_functional = torch._to_functional_tensor
@@ -45,7 +45,7 @@ class XlaState:
         data_states.add(self)
 
 
-_CREATED = metrics.cell("CreateXlaTensor")
+CREATED = _CREATED = metrics.cell("CreateXlaTensor")
 _DESTROYED = metrics.cell("DestroyXlaTensor")
 
 
@@ -90,6 +90,9 @@ class _Pending:
 
 
 pending = _Pending()
+_pending_refs = pending.refs   # never rebound: take_live deletes a prefix in place
+_new = object.__new__
+_weak = weakref.ref
 # Every state that has pointed at device data since its last barrier: the executor reads
 # which DeviceData leaves live tensors hold from here (donation.py).
 data_states: "weakref.WeakSet[XlaState]" = weakref.WeakSet()
@@ -99,10 +102,14 @@ def make_tensor(node: ir.Node, idx: int, shape, dtype: torch.dtype) -> torch.Ten
     """A new inner (non-functional) XLA tensor holding IR value (node, idx)."""
     _CREATED[0] += 1
     t = _create_empty(shape, dtype)
-    s = TensorState(node, idx, tuple(shape), dtype)
-    t._xla = s
+    # Made without the class call (once per traced op: `_new` and slot stores cost less).
+    t._xla = s = _new(TensorState)
+    s.node = node
+    s.idx = idx
+    s.shape = tuple(shape)
+    s.dtype = dtype
     if type(node) is not ir.DeviceData:
-        pending.refs.append(weakref.ref(s))
+        _pending_refs.append(_weak(s))
     else:
         data_states.add(s)
     return t
