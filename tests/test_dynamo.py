@@ -272,3 +272,65 @@ def test_buffer_donation_of_marked_inputs():
         compiled(acc_d)
     assert_same(acc_d, acc_c, rtol=1e-5)
     assert met.counter_value("UncachedCompile") == compiles + 1   # one program, donating every run
+
+
+def test_set_buffer_donor_op_inside_compiled_function():
+    from torch_xla import _XLAC
+    x = torch.randn(5, 5)
+
+    def mul(t):
+        torch.ops.xla.dynamo_set_buffer_donor_(t, True)
+        return t * 1.1
+
+    xd = x.to(XLA)
+    res = torch.compile(mul, backend="openxla")(xd)
+    assert_same(res, x * 1.1)
+    assert _XLAC._get_buffer_donation(xd)
+    assert "Data Handle: Deleted" in _XLAC._get_xla_tensor_debug_info(xd)   # donated to the output
+    assert_same(torch.ops.xla.dynamo_set_buffer_donor_(x, True), x)          # other devices: unchanged
+
+    def inplace(t):
+        torch.ops.xla.dynamo_set_buffer_donor_(t, True)
+        t += 0.5 * torch.sin(t)
+
+    acc_c, acc_d = x.clone(), x.to(XLA)
+    compiled = torch.compile(inplace, backend="openxla")
+    compiles = met.counter_value("UncachedCompile") or 0
+    for _ in range(4):
+        inplace(acc_c)
+        compiled(acc_d)
+    assert_same(acc_d, acc_c, rtol=1e-5)
+    assert not _XLAC._get_buffer_donation(acc_d)   # the mark stays with the donated buffer
+    assert met.counter_value("UncachedCompile") == compiles + 1
+
+
+def test_whole_training_step_compiled_dynamo_settles():
+    """zero_grad, forward, backward and the optimizer step in one compiled function: Dynamo
+    runs the device's kernels (generated code included) without tracing into them, so once
+    warm it compiles no more frames, and the losses and weights are the CPU's."""
+    from torch._dynamo.utils import counters
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    dev = copy.deepcopy(cpu).to(XLA)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (cpu, dev)]
+
+    def step(model, opt, x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    cstep = torch.compile(step, backend="openxla")
+    x, y = torch.randn(32, 8), torch.randint(0, 4, (32,))
+    xd, yd = x.to(XLA), y.to(XLA)
+    for i in range(6):
+        if i == 3:
+            frames = counters["frames"]["total"]    # frames Dynamo has processed
+        lc = step(cpu, opts[0], x, y)
+        ld = cstep(dev, opts[1], xd, yd)
+        xm.mark_step()
+        assert_same(ld, lc, rtol=1e-4, atol=1e-5)
+    assert counters["frames"]["total"] == frames
+    for pc, pd in zip(cpu.parameters(), dev.parameters()):
+        assert_same(pd, pc, rtol=1e-4, atol=1e-5)

@@ -93,8 +93,6 @@ class Program:
             params[self.seed_slot] = np.asarray(rng.fresh_seed(), dtype=runtime.device_dtype(torch.int64))
         exe = self.executable(states)
         graph, strategy = self.graph, self.strategy
-        for slot in exe.donated:
-            ir.DONORS.discard(graph.params[slot])
         args = strategy.to_args(params, graph)
         if exe.upgrade is not None:
             exe.settle()
