@@ -94,7 +94,7 @@ class DeviceModule:
 
     @staticmethod
     def get_rng_state(device="xla"):
-        return torch.tensor([rng.get_seed()], dtype=torch.int64)
+        return torch.tensor([rng.state()], dtype=torch.int64)
 
     @staticmethod
     def set_rng_state(state, device="xla"):
