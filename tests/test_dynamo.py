@@ -139,9 +139,12 @@ def test_openxla_eval_inplace_on_input_and_pending_inputs():
     for i in range(3):
         x = torch.randn(4, 3)
         xd = x.to(XLA) * 1.0                  # pending IR as the input
+        met.clear_counters()
         oc, od = f(acc_c, x), cf(acc_d, xd)
         assert_same(od, oc)
         assert_same(acc_d, acc_c)
+        if i:                                 # a traced graph computes pending inputs first
+            assert met.counter_value("DynamoSyncInputExecuteTime") == 1
 
 
 def test_shape_change_traces_again():
@@ -170,6 +173,21 @@ def test_graph_break_and_cpu_fallback_inside_graph():
         met.clear_counters()
         assert_same(cf(x.to(XLA), k.to(XLA)), f(x, k))
         assert met.counter_value("aten::gcd")
+
+
+def test_op_without_meta_kernel_inside_compiled_function():
+    """`torch._foobar` has no meta kernel: Dynamo's fake-tensor run falls back to running it
+    on zeros of the device (made from the fake tensors' metadata); the compiled function
+    gives the CPU's results, with the op served by the CPU fallback."""
+    def f(t):
+        return torch.mul(torch._foobar(torch.mul(t, 2)), 2)
+
+    cf = torch.compile(f, backend="openxla")
+    for _ in range(2):
+        t = torch.randn(7)
+        assert_same(cf(t.to(XLA)), f(t))
+    x = torch.randn(2, 3)
+    assert_same(torch.zeros_like(x.to(XLA), dtype=torch.int32), torch.zeros_like(x, dtype=torch.int32))
 
 
 def test_none_outputs_and_outputs_aliasing_inputs():

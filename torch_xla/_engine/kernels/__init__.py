@@ -38,6 +38,7 @@ __all__ = ["register", "engine_op", "KERNELS", "cpu_fallback", "from_cpu", "to_c
 HANDWRITTEN = {
     "empty.memory_format": hw.k_empty,
     "empty_strided": hw.k_empty_strided,
+    "zeros_like": hw.k_zeros_like,
     "_to_copy": hw.k_to_copy,
     "_copy_from": hw.k_copy_from,
     "copy_": hw.k_copy_,
