@@ -187,7 +187,10 @@ def test_op_without_meta_kernel_inside_compiled_function():
         t = torch.randn(7)
         assert_same(cf(t.to(XLA)), f(t))
     x = torch.randn(2, 3)
-    assert_same(torch.zeros_like(x.to(XLA), dtype=torch.int32), torch.zeros_like(x, dtype=torch.int32))
+    for like in (torch.zeros_like, torch.ones_like):
+        assert_same(like(x.to(XLA), dtype=torch.int32), like(x, dtype=torch.int32))
+        assert_same(like(x.to(XLA)), like(x))
+        assert_same(like(x.to(XLA), device="cpu"), like(x))
 
 
 def test_none_outputs_and_outputs_aliasing_inputs():
@@ -345,9 +348,12 @@ def test_whole_training_step_compiled_dynamo_settles():
     for i in range(6):
         if i == 3:
             frames = counters["frames"]["total"]    # frames Dynamo has processed
+        runs = met.counter_value("ExecuteCount")
         lc = step(cpu, opts[0], x, y)
         ld = cstep(dev, opts[1], xd, yd)
         xm.mark_step()
+        if i >= 3:   # forward, backward and optimizer programs only (the backward's seed is a cached constant)
+            assert met.counter_value("ExecuteCount") - runs == 3
         assert_same(ld, lc, rtol=1e-4, atol=1e-5)
     assert counters["frames"]["total"] == frames
     for pc, pd in zip(cpu.parameters(), dev.parameters()):

@@ -39,6 +39,7 @@ HANDWRITTEN = {
     "empty.memory_format": hw.k_empty,
     "empty_strided": hw.k_empty_strided,
     "zeros_like": hw.k_zeros_like,
+    "ones_like": hw.k_ones_like,
     "_to_copy": hw.k_to_copy,
     "_copy_from": hw.k_copy_from,
     "copy_": hw.k_copy_,

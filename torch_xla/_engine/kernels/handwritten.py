@@ -37,6 +37,18 @@ def k_zeros_like(x, dtype=None, layout=None, device=None, pin_memory=None, memor
                                        memory_format=memory_format)
 
 
+def k_ones_like(x, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    """`ones_like` is a constant of `x`'s shape, not an op on `x`: the seed of a backward
+    (`ones_like(loss)`) then needs no program of its own before a compiled backward graph
+    reads it (capture.py fills small constants from a cache)."""
+    if x.device.type != "xla" or (device is not None and torch.device(device).type != "xla"):
+        return KERNELS["ones_like.default"](x, dtype=dtype, layout=layout, device=device, pin_memory=pin_memory,
+                                           memory_format=memory_format)
+    dtype = dtype or x.dtype
+    _check_dtype(dtype)
+    return const_tensor(x.shape, dtype, 1)
+
+
 def k_empty_quantized(size, qtensor, dtype=None, layout=None, device=None, pin_memory=None,
                       memory_format=None):
     raise TypeError(f"dtype {qtensor.dtype} is not supported on the xla device")
