@@ -6,7 +6,8 @@
 
 Each contender runs in its own fresh subprocess (bench/common.py): the workload's model
 (torch.manual_seed(0)), one fixed batch, `warmup` steps, then `rounds` rounds of `steps`
-steps; each round ends with a host read of the loss. A step is zero_grad, forward + loss,
+steps; each round ends with a host read of the loss (and, on the device, waiting for
+every program dispatched: `xm.wait_device_ops()`). A step is zero_grad, forward + loss,
 backward, optimizer step, then xm.mark_step() on the device. For `dynamo` the whole step
 function goes through torch.compile(backend='openxla') (Dynamo splits it into graphs at
 `backward()`; each graph runs its cached executable); `lazy` traces every op each step.
@@ -79,10 +80,20 @@ def _xla_step(wl, compiled: bool):
 def worker_xla_mode(wl, compiled, warmup, rounds, steps):
     common.set_threads()
     stats = common.XlaCompileStats()
+    import torch_xla.core.xla_model as xm
     step = _xla_step(wl, compiled)
-    r = _measure(step, lambda loss: loss.item(), warmup, 1, 1)   # warm-up and compile
+
+    def sync(loss):
+        # The loss is ready when the forward is: a round ends when the backward and the
+        # optimizer step of its last step are done too (wait_device_ops), or a contender
+        # that dispatches ahead would leave part of its last step out of the round.
+        value = loss.item()
+        xm.wait_device_ops()
+        return value
+
+    r = _measure(step, sync, warmup, 1, 1)   # warm-up and compile
     c0, _ = stats.snapshot()
-    r = dict(_measure(step, lambda loss: loss.item(), 1, rounds, steps), first_loss=r["first_loss"],
+    r = dict(_measure(step, sync, 1, rounds, steps), first_loss=r["first_loss"],
              first_step_s=r["first_step_s"])
     c1, ctime = stats.snapshot()
     r.update(compiles=c1, compile_s=ctime, compiles_after_warmup=c1 - c0, fallback_ops=stats.fallback_ops())
