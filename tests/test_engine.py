@@ -199,6 +199,26 @@ def test_rng_state_restored_continues_after_drawn_numbers(eager):
     assert dev == cpu == (False, True)
 
 
+def test_torch_checkpoint_replays_dropout_after_earlier_draws():
+    """torch.utils.checkpoint saves the device generator's state before the forward and
+    restores it for the recomputation: the dropout mask recomputed in the backward is the
+    forward's, even when random ops drew earlier in the step (as on the CPU). With x all
+    ones, d(sum z)/dx equals z exactly when the two masks agree."""
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint
+
+    def grad_is_output(device):
+        torch.manual_seed(3)
+        torch_xla.manual_seed(3)
+        x = torch.ones(16, 32, device=device, requires_grad=True)
+        y = F.dropout(x, 0.5)                          # an earlier draw in the same step
+        z = checkpoint(lambda t: F.dropout(t * 2, 0.5) * 3, y, use_reentrant=False)
+        z.sum().backward()
+        return torch.equal(x.grad.cpu(), z.detach().cpu())
+
+    assert grad_is_output("xla:0") == grad_is_output("cpu") is True
+
+
 def test_step_closures_run_after_barrier_in_order():
     seen = []
     x = torch.ones(2).to("xla:0") * 3

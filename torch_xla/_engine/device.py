@@ -64,9 +64,19 @@ class DeviceModule:
 
     Stream = Stream
 
+    # The generator exists from the start: torch.utils.checkpoint saves and restores the
+    # device's random state around a recomputation only when the module says so.
+    _initialized = True
+
     @staticmethod
     def is_initialized() -> bool:
         return True
+
+    @staticmethod
+    def device(device):
+        """Context selecting a device: one generator serves every xla device."""
+        import contextlib
+        return contextlib.nullcontext(device)
 
     @staticmethod
     def is_available() -> bool:
