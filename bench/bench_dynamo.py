@@ -2,13 +2,17 @@
 
     PJRT_DEVICE=CPU python bench/bench_dynamo.py [--quick] [--models mnist,decoder]
                                                  [--contenders dynamo,lazy,eager]
+                                                 [--original-venv PATH]
 
 Each contender runs in its own fresh subprocess (bench/common.py): the workload's model
 (torch.manual_seed(0)), one fixed batch, `warmup` steps, then `rounds` rounds of `steps`
-steps; each round ends with a host read of the loss. A step is zero_grad, forward + loss,
+steps; each round ends with a host read of the loss (and, on the device, waiting for
+every program dispatched: `xm.wait_device_ops()`). A step is zero_grad, forward + loss,
 backward, optimizer step, then xm.mark_step() on the device. For `dynamo` the whole step
 function goes through torch.compile(backend='openxla') (Dynamo splits it into graphs at
 `backward()`; each graph runs its cached executable); `lazy` traces every op each step.
+With --original-venv, `original_dynamo` and `original_lazy` run the same two workers
+under the original torch_xla 2.9 (that venv's python).
 
 Columns: host ms per step (median of the time the Python step call takes: tracing and
 dispatch, no waiting), step ms (median round time / steps, the device work included),
@@ -76,10 +80,20 @@ def _xla_step(wl, compiled: bool):
 def worker_xla_mode(wl, compiled, warmup, rounds, steps):
     common.set_threads()
     stats = common.XlaCompileStats()
+    import torch_xla.core.xla_model as xm
     step = _xla_step(wl, compiled)
-    r = _measure(step, lambda loss: loss.item(), warmup, 1, 1)   # warm-up and compile
+
+    def sync(loss):
+        # The loss is ready when the forward is: a round ends when the backward and the
+        # optimizer step of its last step are done too (wait_device_ops), or a contender
+        # that dispatches ahead would leave part of its last step out of the round.
+        value = loss.item()
+        xm.wait_device_ops()
+        return value
+
+    r = _measure(step, sync, warmup, 1, 1)   # warm-up and compile
     c0, _ = stats.snapshot()
-    r = dict(_measure(step, lambda loss: loss.item(), 1, rounds, steps), first_loss=r["first_loss"],
+    r = dict(_measure(step, sync, 1, rounds, steps), first_loss=r["first_loss"],
              first_step_s=r["first_step_s"])
     c1, ctime = stats.snapshot()
     r.update(compiles=c1, compile_s=ctime, compiles_after_warmup=c1 - c0, fallback_ops=stats.fallback_ops())
@@ -100,7 +114,10 @@ def worker_eager(wl, warmup, rounds, steps):
 
 
 WORKERS = {"dynamo": worker_dynamo, "lazy": worker_lazy, "eager": worker_eager}
+CONTENDERS = ("dynamo", "lazy", "original_dynamo", "original_lazy", "eager")
 LABELS = {"dynamo": "torch.compile(backend='openxla')", "lazy": "lazy tracing (xm.mark_step)",
+          "original_dynamo": "original 2.9: torch.compile(backend='openxla')",
+          "original_lazy": "original 2.9: lazy tracing (xm.mark_step)",
           "eager": "torch eager CPU (2 threads)"}
 COLUMNS = [("samples_s", "samples/s"), ("step_ms", "step ms"), ("host_ms", "host ms/step"),
            ("compiles", "compiles"), ("compile_s", "compile s"),
@@ -130,7 +147,7 @@ def main(argv=None):
     out = []
     for name in args.models.split(","):
         results = {}
-        for c in common.contenders_of(args, available=tuple(WORKERS)):
+        for c in common.contenders_of(args, available=CONTENDERS):
             print(f"[dynamo {name}] {c} ...", file=sys.stderr, flush=True)
             results[c] = common.run_worker(__file__, c, args, {"model": name})
         table = common.markdown_table(f"Training through torch.compile: {name}" + (" (quick sizes)" if args.quick else ""),

@@ -248,8 +248,8 @@ def base_parser(description: str) -> argparse.ArgumentParser:
 def contenders_of(args, available=("xla", "eager", "jax", "original")):
     wanted = args.contenders.split(",") if args.contenders else list(available)
     out = [c for c in wanted if c in available]
-    if "original" in out and not args.original_venv:
-        out.remove("original")
+    if not args.original_venv:
+        out = [c for c in out if c != "original" and not c.startswith("original_")]
     return out
 
 
@@ -273,10 +273,11 @@ def run_worker(script: str, contender: str, args, worker_args: dict = None,
                extra_env: dict = None) -> dict:
     """Runs `script --worker contender` in a fresh subprocess, returns its result dict
     (with `error` set if it failed) and `wall_s` (the subprocess's wall time)."""
-    original = contender == "original"
+    # "original" runs the `xla` worker under the original; "original_NAME" its worker NAME.
+    original = contender == "original" or contender.startswith("original_")
     if original:
         python = os.path.join(os.path.abspath(args.original_venv), "bin", "python")
-        worker = "xla"
+        worker = "xla" if contender == "original" else contender[len("original_"):]
     else:
         python = sys.executable
         worker = contender

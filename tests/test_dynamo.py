@@ -150,9 +150,12 @@ def test_openxla_eval_inplace_on_input_and_pending_inputs():
     for i in range(3):
         x = torch.randn(4, 3)
         xd = x.to(XLA) * 1.0                  # pending IR as the input
+        met.clear_counters()
         oc, od = f(acc_c, x), cf(acc_d, xd)
         assert_same(od, oc)
         assert_same(acc_d, acc_c)
+        if i:                                 # a traced graph computes pending inputs first
+            assert met.counter_value("DynamoSyncInputExecuteTime") == 1
 
 
 def test_shape_change_traces_again():
@@ -181,6 +184,24 @@ def test_graph_break_and_cpu_fallback_inside_graph():
         met.clear_counters()
         assert_same(cf(x.to(XLA), k.to(XLA)), f(x, k))
         assert met.counter_value("aten::gcd")
+
+
+def test_op_without_meta_kernel_inside_compiled_function():
+    """`torch._foobar` has no meta kernel: Dynamo's fake-tensor run falls back to running it
+    on zeros of the device (made from the fake tensors' metadata); the compiled function
+    gives the CPU's results, with the op served by the CPU fallback."""
+    def f(t):
+        return torch.mul(torch._foobar(torch.mul(t, 2)), 2)
+
+    cf = torch.compile(f, backend="openxla")
+    for _ in range(2):
+        t = torch.randn(7)
+        assert_same(cf(t.to(XLA)), f(t))
+    x = torch.randn(2, 3)
+    for like in (torch.zeros_like, torch.ones_like):
+        assert_same(like(x.to(XLA), dtype=torch.int32), like(x, dtype=torch.int32))
+        assert_same(like(x.to(XLA)), like(x))
+        assert_same(like(x.to(XLA), device="cpu"), like(x))
 
 
 def test_none_outputs_and_outputs_aliasing_inputs():
@@ -283,3 +304,68 @@ def test_buffer_donation_of_marked_inputs():
         compiled(acc_d)
     assert_same(acc_d, acc_c, rtol=1e-5)
     assert met.counter_value("UncachedCompile") == compiles + 1   # one program, donating every run
+
+
+def test_set_buffer_donor_op_inside_compiled_function():
+    from torch_xla import _XLAC
+    x = torch.randn(5, 5)
+
+    def mul(t):
+        torch.ops.xla.dynamo_set_buffer_donor_(t, True)
+        return t * 1.1
+
+    xd = x.to(XLA)
+    res = torch.compile(mul, backend="openxla")(xd)
+    assert_same(res, x * 1.1)
+    assert _XLAC._get_buffer_donation(xd)
+    assert "Data Handle: Deleted" in _XLAC._get_xla_tensor_debug_info(xd)   # donated to the output
+    assert_same(torch.ops.xla.dynamo_set_buffer_donor_(x, True), x)          # other devices: unchanged
+
+    def inplace(t):
+        torch.ops.xla.dynamo_set_buffer_donor_(t, True)
+        t += 0.5 * torch.sin(t)
+
+    acc_c, acc_d = x.clone(), x.to(XLA)
+    compiled = torch.compile(inplace, backend="openxla")
+    compiles = met.counter_value("UncachedCompile") or 0
+    for _ in range(4):
+        inplace(acc_c)
+        compiled(acc_d)
+    assert_same(acc_d, acc_c, rtol=1e-5)
+    assert not _XLAC._get_buffer_donation(acc_d)   # the mark stays with the donated buffer
+    assert met.counter_value("UncachedCompile") == compiles + 1
+
+
+def test_whole_training_step_compiled_dynamo_settles():
+    """zero_grad, forward, backward and the optimizer step in one compiled function: Dynamo
+    runs the device's kernels (generated code included) without tracing into them, so once
+    warm it compiles no more frames, and the losses and weights are the CPU's."""
+    from torch._dynamo.utils import counters
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    dev = copy.deepcopy(cpu).to(XLA)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (cpu, dev)]
+
+    def step(model, opt, x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    cstep = torch.compile(step, backend="openxla")
+    x, y = torch.randn(32, 8), torch.randint(0, 4, (32,))
+    xd, yd = x.to(XLA), y.to(XLA)
+    for i in range(6):
+        if i == 3:
+            frames = counters["frames"]["total"]    # frames Dynamo has processed
+        runs = met.counter_value("ExecuteCount")
+        lc = step(cpu, opts[0], x, y)
+        ld = cstep(dev, opts[1], xd, yd)
+        xm.mark_step()
+        if i >= 3:   # forward, backward and optimizer programs only (the backward's seed is a cached constant)
+            assert met.counter_value("ExecuteCount") - runs == 3
+        assert_same(ld, lc, rtol=1e-4, atol=1e-5)
+    assert counters["frames"]["total"] == frames
+    for pc, pd in zip(cpu.parameters(), dev.parameters()):
+        assert_same(pd, pc, rtol=1e-4, atol=1e-5)

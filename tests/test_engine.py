@@ -221,6 +221,49 @@ def test_rng_seed_reproducible_and_no_recompile():
     assert compiles() == before
 
 
+@pytest.mark.parametrize("eager", [False, True])
+def test_rng_state_restored_continues_after_drawn_numbers(eager):
+    """get_rng_state after a draw, then set_rng_state of it, replays what follows the draw
+    (as torch's CPU generator does), in lazy and eager mode."""
+    from torch_xla.experimental.eager import eager_mode_context
+
+    def pattern(draw, get, put):
+        put(get())
+        a = draw()
+        s = get()
+        b = draw()
+        put(s)
+        c = draw()
+        return torch.equal(a, b), torch.equal(b, c)
+
+    cpu = pattern(lambda: torch.randn(6), torch.get_rng_state, torch.set_rng_state)
+    xm.set_rng_state(1234)
+    with eager_mode_context(eager):
+        dev = pattern(lambda: torch.randn(6, device="xla:0").cpu(), xm.get_rng_state, xm.set_rng_state)
+        assert xm.get_rng_state() != 1234    # the draws advanced the state
+    assert dev == cpu == (False, True)
+
+
+def test_torch_checkpoint_replays_dropout_after_earlier_draws():
+    """torch.utils.checkpoint saves the device generator's state before the forward and
+    restores it for the recomputation: the dropout mask recomputed in the backward is the
+    forward's, even when random ops drew earlier in the step (as on the CPU). With x all
+    ones, d(sum z)/dx equals z exactly when the two masks agree."""
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint
+
+    def grad_is_output(device):
+        torch.manual_seed(3)
+        torch_xla.manual_seed(3)
+        x = torch.ones(16, 32, device=device, requires_grad=True)
+        y = F.dropout(x, 0.5)                          # an earlier draw in the same step
+        z = checkpoint(lambda t: F.dropout(t * 2, 0.5) * 3, y, use_reentrant=False)
+        z.sum().backward()
+        return torch.equal(x.grad.cpu(), z.detach().cpu())
+
+    assert grad_is_output("xla:0") == grad_is_output("cpu") is True
+
+
 def test_step_closures_run_after_barrier_in_order():
     seen = []
     x = torch.ones(2).to("xla:0") * 3
@@ -307,6 +350,9 @@ def test_eager_mode_runs_each_op():
         a = torch.ones(3).to("xla:0")
         b = a + 1
         assert state_of(b).is_data
+        xm.optimization_barrier_([b])            # an engine op runs at once too
+        assert state_of(b).is_data
+        assert_same(b, torch.full((3,), 2.0))
         f = torch_xla.compile(lambda t: t * 2 + 1)
         assert_same(f(b), torch.full((3,), 5.0))
     finally:

@@ -273,15 +273,8 @@ def _get_graph_hash(tensors: List[torch.Tensor]) -> bytes:
 def _set_buffer_donation(tensor: torch.Tensor, should_donate: bool) -> bool:
     """Marks the device buffer of `tensor` as one a compiled graph may donate (overwrite
     with an output). False (and nothing done) when `tensor` is not device data."""
-    s = state_of(tensor)
-    if type(s.node) is not ir.DeviceData:
-        return False
-    if should_donate:
-        ir.DONORS.add(s.node)
-    else:
-        ir.DONORS.discard(s.node)
-    metrics.inc("XlaSetBufferDonation")
-    return True
+    from ._engine.executor import donation
+    return donation.set_donor(tensor, should_donate)
 
 
 def _get_buffer_donation(tensor: torch.Tensor) -> bool:

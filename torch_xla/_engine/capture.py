@@ -16,6 +16,7 @@ inside it, or it returned CPU tensors): such a function must be traced at every 
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -23,7 +24,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from . import executor, ir, metrics, mode, rng, runtime
-from .executor import analysis, checks, compile as compiling
+from .executor import analysis, checks, compile as compiling, strategies
 from .tensor import is_functional, make_tensor, pending, replace_state, state_of, unwrap, wrap_user
 
 _DEVICE_DATA = ir.DeviceData
@@ -48,6 +49,11 @@ class Program:
         self.seed_slot = seed_slot       # slot of the random ops' seed, or -1
         self.captured = graph.param_values()   # values of every slot at capture time
         self.avals = [graph.params[s].avals[0] if s >= 0 else None for s in input_slots]
+        # Computed once for every run: (flat input position, slot) of the inputs the program
+        # reads, and the output leaves when they are the program's results in order.
+        self.reads = [(pos, slot) for pos, slot in enumerate(input_slots) if slot >= 0]
+        self.plain_out = out_kinds == list(range(len(out_kinds))) and len(out_kinds) == len(graph.roots) - len(mutated)
+        self.out_flat_type = _flat_container(out_tree)   # tuple/list of leaves: no unflatten
         self._exe = None
 
     def executable(self, states=None):
@@ -83,18 +89,17 @@ class Program:
         if states is None:
             states = self.check(flat)
         waiting = [s for s in states if type(s.node) is not _DEVICE_DATA]
+        if waiting and self.strategy is strategies.LOCAL:
+            waiting = [s for s in waiting if not _fill(s)]
         if waiting:
             executor.sync(states=waiting)    # pending inputs: one program first
         params = list(self.captured)
-        for s, slot in zip(states, self.input_slots):
-            if slot >= 0:
-                params[slot] = s.node.array
+        for pos, slot in self.reads:
+            params[slot] = states[pos].node.array
         if self.seed_slot >= 0:
             params[self.seed_slot] = np.asarray(rng.fresh_seed(), dtype=runtime.device_dtype(torch.int64))
         exe = self.executable(states)
         graph, strategy = self.graph, self.strategy
-        for slot in exe.donated:
-            ir.DONORS.discard(graph.params[slot])
         args = strategy.to_args(params, graph)
         if exe.upgrade is not None:
             exe.settle()
@@ -112,19 +117,66 @@ class Program:
         metrics.inc("ExecuteCount")
         results = []
         for (n, i), arr in zip(graph.roots, outs):
-            shape, dtype = n.avals[i]
-            results.append(make_tensor(_DEVICE_DATA(arr, (shape, dtype)), 0, shape, dtype))
+            aval = n.avals[i]
+            results.append(make_tensor(_DEVICE_DATA(arr, aval), 0, aval[0], aval[1]))
         for pos, r in zip(self.mutated, results[self.n_out:]):
             write_back(flat[pos], r)
+        if self.plain_out:
+            return [wrap_user(r) for r in results[:self.n_out]]
         return [wrap_user(results[k]) if type(k) is int else k[1] for k in self.out_kinds]
+
+    def outputs(self, leaves: list) -> Any:
+        """The flat output leaves in the traced output tree."""
+        t = self.out_flat_type
+        if t is list:
+            return leaves
+        if t is tuple:
+            return tuple(leaves)
+        return pytree.tree_unflatten(leaves, self.out_tree)
 
     def run(self, *args: Any):
         flat = input_tensors(args)
-        return pytree.tree_unflatten(self.run_flat(flat), self.out_tree)
+        return self.outputs(self.run_flat(flat))
+
+
+def _flat_container(spec):
+    """tuple or list when `spec` is one of leaves only, else None."""
+    children = spec.children() if hasattr(spec, "children") else spec.children_specs
+    if spec.type in (tuple, list) and all(c.is_leaf() for c in children):
+        return spec.type
+    return None
+
+
+# Small constant arrays (shape, dtype, value) -> jax.Array, for pending inputs that are
+# constant fills: the seed of a backward (`ones_like(loss)`) is one at every step.
+_FILLS: dict = {}
+_FILL_MAX_ELEMENTS = 4096
+
+
+def _fill(s) -> bool:
+    """Gives pending state `s` its device buffer from `_FILLS` when it is a broadcast of
+    a scalar constant (no program run); False when it is anything else."""
+    n = s.node
+    if n.op != "xla::broadcast" or s.idx:
+        return False
+    c = n.operands[0][0]
+    if type(c) is not ir.Constant or isinstance(c.value, np.ndarray) or math.prod(s.shape) > _FILL_MAX_ELEMENTS:
+        return False
+    key = (s.shape, s.dtype, type(c.value), c.value)
+    arr = _FILLS.get(key)
+    if arr is None or arr.is_deleted():   # a donated fill is made again
+        if len(_FILLS) >= 64:
+            _FILLS.clear()
+        arr = _FILLS[key] = runtime.put(np.full(s.shape, c.value, dtype=runtime.device_dtype(s.dtype)),
+                                        runtime.default_device())
+    s.set_data(_DEVICE_DATA(arr, (s.shape, s.dtype)))
+    return True
 
 
 def input_tensors(args: Sequence[Any]) -> List[torch.Tensor]:
     """The tensor leaves of `args`, in order."""
+    if all(isinstance(a, (torch.Tensor, int, float, bool, type(None))) for a in args):
+        return [a for a in args if isinstance(a, torch.Tensor)]   # flat (a Dynamo graph's inputs)
     return [a for a in pytree.tree_leaves(args) if isinstance(a, torch.Tensor)]
 
 

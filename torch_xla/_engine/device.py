@@ -64,9 +64,19 @@ class DeviceModule:
 
     Stream = Stream
 
+    # The generator exists from the start: torch.utils.checkpoint saves and restores the
+    # device's random state around a recomputation only when the module says so.
+    _initialized = True
+
     @staticmethod
     def is_initialized() -> bool:
         return True
+
+    @staticmethod
+    def device(device):
+        """Context selecting a device: one generator serves every xla device."""
+        import contextlib
+        return contextlib.nullcontext(device)
 
     @staticmethod
     def is_available() -> bool:
@@ -94,7 +104,7 @@ class DeviceModule:
 
     @staticmethod
     def get_rng_state(device="xla"):
-        return torch.tensor([rng.get_seed()], dtype=torch.int64)
+        return torch.tensor([rng.state()], dtype=torch.int64)
 
     @staticmethod
     def set_rng_state(state, device="xla"):

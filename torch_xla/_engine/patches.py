@@ -91,7 +91,8 @@ REGISTRY: List[Patch] = [
           "import of torch_xla.distributed.xla_backend", None,
           "the documented `init_process_group('xla', init_method='xla://')`"),
     Patch("dynamo_skips_engine", "TorchDynamo's trace rules: `torch_xla._engine`, `torch_xla._XLAC`, "
-          "`torch_xla.distributed.spmd`, `jax`, `jaxlib` and `ml_dtypes` added to its skipped files",
+          "`torch_xla.distributed.spmd`, `jax`, `jaxlib`, `ml_dtypes` and the generated kernels (`<kernel ...>`) "
+          "added to its skipped files",
           "import of torch._dynamo",
           "none (torch.compile needs it)",
           "the xla device's kernels are Python: Dynamo must run them, and what they call, as "
@@ -175,6 +176,12 @@ def _skip_engine(rules) -> None:
     for name in ("torch_xla._engine", "torch_xla._XLAC", "torch_xla.distributed.spmd", "jax", "jaxlib",
                  "ml_dtypes"):
         rules.add(name)
+    # The specialised kernels are generated code named "<kernel aten::...>" (kernels/specialise.py):
+    # no module directory covers them, so their file-name prefix is skipped too.
+    dirs = getattr(rules, "SKIP_DIRS", None)
+    if isinstance(dirs, list) and hasattr(rules, "_recompile_re") and "<kernel " not in dirs:
+        dirs.append("<kernel ")
+        rules._recompile_re()
 
 
 class _AfterTraceRules:

@@ -25,6 +25,19 @@ def get_seed() -> int:
     return _state["seed"]
 
 
+def state() -> int:
+    """The generator's position as one integer, for `set_seed` to return to. When random
+    ops drew from the current seed (in this step, or eager ops), the seed advances first:
+    restoring the result continues after them instead of repeating their numbers."""
+    with _lock:
+        n = next(_state["counter"])
+        if n:
+            _advance()
+        else:
+            _state["counter"] = itertools.count()
+        return _state["seed"]
+
+
 def next_op() -> tuple:
     """(seed, op number) for the next random op of this step."""
     return _state["seed"], next(_state["counter"])
@@ -48,10 +61,14 @@ def restore(snap: tuple) -> None:
 def advance_step() -> None:
     """Called at each barrier: a new seed for the next step, op numbers from zero."""
     with _lock:
-        s = _state["seed"]
-        _state["seed"] = (s * 6364136223846793005 + 1442695040888963407) & _MASK
-        _state["counter"] = itertools.count()
-        _state["node"] = None
+        _advance()
+
+
+def _advance() -> None:
+    s = _state["seed"]
+    _state["seed"] = (s * 6364136223846793005 + 1442695040888963407) & _MASK
+    _state["counter"] = itertools.count()
+    _state["node"] = None
 
 
 def seed_node():

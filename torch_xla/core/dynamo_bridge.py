@@ -122,8 +122,9 @@ def donor_config() -> bool:
 
 
 def _signature(args: Sequence[Any]) -> tuple:
-    return tuple((a.shape, a.dtype, a.device.type) if isinstance(a, torch.Tensor)
-                 else (type(a), a) for a in args)
+    # A tensor's device is not part of it: the first call of a signature sends graphs with
+    # inputs off the device to the lazy path, and Dynamo guards on devices.
+    return tuple((a.shape, a.dtype) if isinstance(a, torch.Tensor) else (type(a), a) for a in args)
 
 
 class CompiledGraph:
@@ -143,10 +144,10 @@ class CompiledGraph:
             with mode.lazy_scope():
                 return self.graph_module(*args)
         program = entry
-        flat = _capture.input_tensors(args)
+        flat = [a for a in args if isinstance(a, torch.Tensor)]   # a graph's inputs are flat
         states = [state_of(t) for t in flat]
         _check_inputs(states)
-        return pytree.tree_unflatten(program.run_flat(flat, states), program.out_tree)
+        return program.outputs(program.run_flat(flat, states))
 
     def _first_call(self, key: tuple, args: Sequence[Any]) -> Any:
         metrics.inc("DynamoExtractCompiledGraph")
@@ -170,7 +171,7 @@ class CompiledGraph:
                f"{len(program.graph.params)} parameters, {len(program.graph.roots)} outputs")
         self.programs[key] = program
         flat = _capture.input_tensors(args)
-        return pytree.tree_unflatten(program.run_flat(flat), program.out_tree)
+        return program.outputs(program.run_flat(flat))
 
 
 def _debug(text: str) -> None:
@@ -179,9 +180,11 @@ def _debug(text: str) -> None:
 
 
 def _check_inputs(states) -> None:
-    if config.skip_input_data_check and any(not s.is_data for s in states):
-        raise RuntimeError("input data to dynamo graph can not be a pending ir: call torch_xla.sync() "
-                           "first, or leave torch_xla._dynamo.config.skip_input_data_check False")
+    if any(not s.is_data for s in states):
+        if config.skip_input_data_check:
+            raise RuntimeError("input data to dynamo graph can not be a pending ir: call torch_xla.sync() "
+                               "first, or leave torch_xla._dynamo.config.skip_input_data_check False")
+        metrics.inc("DynamoSyncInputExecuteTime")   # the run computes them first (the original's name)
 
 
 def extract_compiled_graph(graph_module: torch.fx.GraphModule, args: Sequence[Any]) -> Callable:

@@ -156,8 +156,9 @@ def set_rng_state(seed: int, device: Optional[str] = None) -> None:
 
 
 def get_rng_state(device: Optional[str] = None) -> int:
-    """The current device random number generator state, as an integer."""
-    return rng.get_seed()
+    """The current device random number generator state, as an integer (random ops drawn
+    since it was set advance it, so `set_rng_state` of it continues after them)."""
+    return rng.state()
 
 
 # ---- memory ------------------------------------------------------------------------------------

@@ -10,9 +10,23 @@ the buffers.
 """
 from __future__ import annotations
 
-from .. import config, ir
-from ..tensor import data_states
+from .. import config, ir, metrics
+from ..tensor import data_states, state_of
 from .graph import Graph
+
+
+def set_donor(tensor, should_donate: bool) -> bool:
+    """Marks (or unmarks) the device buffer of `tensor` as one a compiled graph may donate.
+    False, and nothing done, when `tensor` holds no device data (pending IR)."""
+    s = state_of(tensor)
+    if type(s.node) is not ir.DeviceData:
+        return False
+    if should_donate:
+        ir.DONORS.add(s.node)
+    else:
+        ir.DONORS.discard(s.node)
+    metrics.inc("XlaSetBufferDonation")
+    return True
 
 
 def held_data() -> set:

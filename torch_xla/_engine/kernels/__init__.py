@@ -24,7 +24,7 @@ from typing import List, Sequence, Tuple
 
 import torch
 
-from .. import config, ir, metrics, patches
+from .. import config, executor, ir, metrics, mode, patches
 from ..lowering import LOWERINGS, load_all
 from ..tensor import make_tensor, state_of, wrap_user
 from . import amp, autocast, compiled_ops, decompositions, functionalize, handwritten as hw, library, meta, mutating, values
@@ -38,6 +38,8 @@ __all__ = ["register", "engine_op", "KERNELS", "cpu_fallback", "from_cpu", "to_c
 HANDWRITTEN = {
     "empty.memory_format": hw.k_empty,
     "empty_strided": hw.k_empty_strided,
+    "zeros_like": hw.k_zeros_like,
+    "ones_like": hw.k_ones_like,
     "_to_copy": hw.k_to_copy,
     "_copy_from": hw.k_copy_from,
     "copy_": hw.k_copy_,
@@ -134,4 +136,8 @@ def engine_op(name: str, inputs: Sequence[torch.Tensor], statics: tuple,
     args = tuple(ir.ref(i) for i in range(len(operands))) + tuple(freeze(v) for v in statics)
     node = ir.Node(name, tuple(operands), args, tuple((tuple(sh), dt) for sh, dt in avals),
                    LOWERINGS[name], None)
-    return [wrap_user(make_tensor(node, i, tuple(sh), dt)) for i, (sh, dt) in enumerate(avals)]
+    outs = [make_tensor(node, i, tuple(sh), dt) for i, (sh, dt) in enumerate(avals)]
+    if mode.EAGER[0] and outs:
+        # Eager mode runs an engine op (a collective, a barrier, ...) as it runs any other op.
+        executor.execute([o._xla for o in outs], metric="EagerOpExecuteTime")
+    return [wrap_user(o) for o in outs]

@@ -29,6 +29,7 @@ def register(library, engine_op) -> None:
     library.impl_ns("xla", "all_reduce", _all_reduce_fake, "Meta")
     register_mark_sharding(library)
     register_mark_tensor(library)
+    register_buffer_donor(library)
     library.define("xla", DOT_GENERAL)
     library.impl_ns("xla", "dot_general", _dot_general_xla, "PrivateUse1")
     library.impl_ns("xla", "dot_general", _dot_general_fake, "Meta")
@@ -138,3 +139,26 @@ def register_mark_tensor(library) -> None:
     library.impl_ns("xla", "mark_tensor", _mark_tensor_xla, "PrivateUse1")
     library.impl_ns("xla", "mark_tensor", _mark_tensor_other, "CompositeExplicitAutograd")
     library.impl_ns("xla", "mark_tensor", _mark_tensor_fake, "Meta")
+
+
+# A buffer donation inside a compiled function: `torch.ops.xla.dynamo_set_buffer_donor_(t, True)`
+# marks `t`'s device buffer as a donor (`_XLAC._set_buffer_donation`) when the graph is
+# traced, so the program compiled for it donates that input at every run. Tensors of other
+# devices (Dynamo's fake tensors) pass through unchanged.
+BUFFER_DONOR = "dynamo_set_buffer_donor_(Tensor t, bool should_donate) -> Tensor"
+
+
+def _set_buffer_donor_xla(t, should_donate):
+    from ..executor import donation
+    donation.set_donor(t, bool(should_donate))
+    return t
+
+
+def _set_buffer_donor_other(t, should_donate):
+    return t
+
+
+def register_buffer_donor(library) -> None:
+    library.define("xla", BUFFER_DONOR)
+    library.impl_ns("xla", "dynamo_set_buffer_donor_", _set_buffer_donor_xla, "PrivateUse1")
+    library.impl_ns("xla", "dynamo_set_buffer_donor_", _set_buffer_donor_other, "CompositeExplicitAutograd")

@@ -8,7 +8,7 @@ import torch
 from .. import metrics, runtime
 from ..tensor import is_functional, make_tensor, point_at, replace_state, state_of, unwrap, wrap_user
 from .fallback import check_devices
-from .op_kernel import copy, to_copy
+from .op_kernel import KERNELS, copy, to_copy
 from .values import check_device, const_tensor, from_cpu, to_cpu
 
 
@@ -22,6 +22,31 @@ def k_empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_
     dtype = dtype or torch.get_default_dtype()
     _check_dtype(dtype)
     return wrap_user(const_tensor(size, dtype, 0))
+
+
+def k_zeros_like(x, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    """`zeros_like` reads only `x`'s metadata: a tensor of the xla device that holds no
+    data (a Dynamo fake tensor made real by its fallback for ops without a meta kernel)
+    gets zeros too."""
+    if getattr(x, "_xla", None) is None and not is_functional(x) and x.device.type == "xla":
+        check_device(device)
+        dtype = dtype or x.dtype
+        _check_dtype(dtype)
+        return const_tensor(x.shape, dtype, 0)
+    return KERNELS["zeros_like.default"](x, dtype=dtype, layout=layout, device=device, pin_memory=pin_memory,
+                                       memory_format=memory_format)
+
+
+def k_ones_like(x, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    """`ones_like` is a constant of `x`'s shape, not an op on `x`: the seed of a backward
+    (`ones_like(loss)`) then needs no program of its own before a compiled backward graph
+    reads it (capture.py fills small constants from a cache)."""
+    if x.device.type != "xla" or (device is not None and torch.device(device).type != "xla"):
+        return KERNELS["ones_like.default"](x, dtype=dtype, layout=layout, device=device, pin_memory=pin_memory,
+                                           memory_format=memory_format)
+    dtype = dtype or x.dtype
+    _check_dtype(dtype)
+    return const_tensor(x.shape, dtype, 1)
 
 
 def k_empty_quantized(size, qtensor, dtype=None, layout=None, device=None, pin_memory=None,
