@@ -427,7 +427,7 @@ x = torch.randn(2048, 8192)
 xd = x.to(xm.xla_device())
 want = f(x)
 faults, err = [], 0.0
-for run in range(7):
+for run in range(8):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     got = f(xd)
     xm.mark_step()
@@ -459,9 +459,9 @@ def test_large_programs_reuse_resident_host_memory(tmp_path):
     # Without retention every run faults its whole temporary buffer in (one fault per
     # 4 KiB page: ~35,000 here). Retained, the heap settles within the first runs (a small
     # allocation may take the start of a freed buffer, which then no longer fits there),
-    # then runs touch only resident pages: the last four together fault less than half a
-    # buffer's pages.
-    assert sum(faults[-4:]) < int(temp) // 4096 // 2, (faults, temp)
+    # then runs touch only resident pages (on a loaded machine settling took up to four
+    # runs): the last three together fault less than half a buffer's pages.
+    assert sum(faults[-3:]) < int(temp) // 4096 // 2, (faults, temp)
 
 
 def test_host_memory_retention_can_be_turned_off():

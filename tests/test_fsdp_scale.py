@@ -57,7 +57,9 @@ def test_fsdp_four_processes_match_cpu(job, name):
     full = consolidate_sharded_state_dicts([o[name]["state_dict"] for o in job], [o[name]["meta"] for o in job])
     want = ref.state_dict()
     params = {k for k, _ in ref.named_parameters()}
-    torch.testing.assert_close({k: full[k] for k in params}, {k: want[k] for k in params}, rtol=1e-4, atol=1e-5)
+    # Adam divides by the gradient's running scale, so reduction-order differences of small
+    # gradients reach the parameters amplified (3 steps of lr 0.01).
+    torch.testing.assert_close({k: full[k] for k in params}, {k: want[k] for k in params}, rtol=1e-4, atol=1e-4)
     # Each replica's device buffers hold a quarter of the model's parameters (flattened shards,
     # padded to a multiple of the world size).
     total = sum(p.numel() for p in ref.parameters())
