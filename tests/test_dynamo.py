@@ -61,6 +61,18 @@ def test_spec_add_sample_cpu_inputs():
         assert_same(compiled(a, b), a + b)
 
 
+def test_inputs_off_the_device_are_named_in_warnings():
+    def f(a, b):
+        return a.to(XLA) * b.to(XLA) + 1
+    compiled = torch.compile(f, backend="openxla")
+    a, b = torch.randn(3), torch.randn(2, 3)
+    with pytest.warns(UserWarning) as record:
+        out = compiled(a, b)
+    assert_same(out, a * b + 1)
+    found = [str(w.message) for w in record if "Found tensor with shape" in str(w.message)]
+    assert len(found) == 2 and "torch.Size([2, 3]) on cpu" in found[1]
+
+
 def test_mnist_training_matches_cpu_and_steady_loop_compiles_nothing():
     cpu, dev = _pair(MNIST)
     opt_c = torch.optim.SGD(cpu.parameters(), lr=0.05, momentum=0.9)
@@ -120,12 +132,16 @@ def test_resnet_inference_traced_once(monkeypatch):
     with torch.no_grad():
         assert_same(cdev(data[0][0].to(XLA)), cpu(data[0][0]), rtol=1e-4, atol=1e-4)
         compiles = met.counter_value("UncachedCompile")
+        assert met.counter_value("StableHloCompile") >= 1   # programs are compiled from StableHLO
+        runs = met.metric_data("RunCachedGraphInputData")[0]
         xs = [x.to(XLA) for x, _ in data[1:]]
         xm.mark_step()
         nodes = _NodeCount(monkeypatch)
         outs = [cdev(x) for x in xs]
         assert nodes.n == 0                    # no op traced after the first call
         assert met.counter_value("UncachedCompile") == compiles
+        assert met.metric_data("RunCachedGraphInputData")[0] == runs + len(xs)   # one sample per run
+        assert met.metric_data("RunCachedGraphOutputData")[0] == runs + len(xs)
         for o, (x, _) in zip(outs, data[1:]):
             assert_same(o, cpu(x), rtol=1e-4, atol=1e-4)
 

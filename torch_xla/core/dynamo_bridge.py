@@ -13,6 +13,7 @@ it, CPU tensors among its inputs or outputs) is run through the lazy tracer at e
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any, Callable, Dict, Iterator, List, Sequence
 
 import torch
@@ -147,13 +148,19 @@ class CompiledGraph:
         flat = [a for a in args if isinstance(a, torch.Tensor)]   # a graph's inputs are flat
         states = [state_of(t) for t in flat]
         _check_inputs(states)
-        return program.outputs(program.run_flat(flat, states))
+        return _run(program, flat, states)
 
     def _first_call(self, key: tuple, args: Sequence[Any]) -> Any:
         metrics.inc("DynamoExtractCompiledGraph")
         tensor_pos = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         if any(args[i].device.type != "xla" for i in tensor_pos):
             _debug(f"graph {self.name}: an input is not on the xla device: it runs lazily at every call")
+            for i in tensor_pos:   # each one named: the graph loses its cached program
+                if args[i].device.type != "xla":
+                    warnings.warn(f"Found tensor with shape {args[i].shape} on {args[i].device} (input {i} of a "
+                                  f"graph given to backend openxla): a graph with inputs off the xla device is "
+                                  f"traced at every call instead of running one cached XLA program; move the "
+                                  f"input to the xla device", stacklevel=2)
             self.programs[key] = _LAZY
             with mode.lazy_scope():
                 return self.graph_module(*args)
@@ -170,8 +177,16 @@ class CompiledGraph:
         _debug(f"graph {self.name}: traced for inputs {[a for a in key]}: {len(program.graph.order)} nodes, "
                f"{len(program.graph.params)} parameters, {len(program.graph.roots)} outputs")
         self.programs[key] = program
-        flat = _capture.input_tensors(args)
-        return program.outputs(program.run_flat(flat))
+        return _run(program, _capture.input_tensors(args))
+
+
+def _run(program, flat: list, states=None) -> Any:
+    """Runs a traced graph's program on its input buffers; each run records how many
+    buffers went in and came out (`RunCachedGraphInputData` / `...OutputData`)."""
+    results = program.run_flat(flat, states)
+    metrics.add_sample("RunCachedGraphInputData", len(flat))
+    metrics.add_sample("RunCachedGraphOutputData", len(results))
+    return program.outputs(results)
 
 
 def _debug(text: str) -> None:

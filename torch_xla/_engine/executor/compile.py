@@ -95,6 +95,7 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple, metric: str = "Co
             lowered, compiled = build(again)
     metrics.inc("UncachedCompile")
     metrics.inc("CreateCompileHandles")
+    metrics.inc("StableHloCompile")   # every program is compiled from its StableHLO module
     pol.after_compile(time.perf_counter() - t0)
     if quick:
         metrics.inc("TieredCompile")
