@@ -271,6 +271,20 @@ def test_merge_replica_results():
         pjrt.spawn(print, nprocs=3)
 
 
+def test_run_multiprocess_raises_the_first_replica_exception_it_finds(tmp_path):
+    # When the launcher blames a replica that left no exception (one that aborted after a
+    # peer raised), the exception a replica did raise is the one re-raised.
+    import os
+    import pickle
+    assert pjrt._first_child_exception(str(tmp_path)) is None
+    for rank, err in ((1, TypeError("first")), (0, ValueError("second"))):
+        path = tmp_path / f"{rank}.pkl"
+        path.write_bytes(pickle.dumps(err))
+        os.utime(path, ns=(10**18 + (0 if rank == 1 else 10**9),) * 2)
+    got = pjrt._first_child_exception(str(tmp_path))
+    assert type(got) is TypeError and str(got) == "first"
+
+
 def test_run_multiprocess_needs_a_fresh_process(dev):
     with pytest.raises(RuntimeError, match="already initialized"):
         pjrt.run_multiprocess(xr.global_ordinal)

@@ -48,6 +48,17 @@ class _CallWithoutIndex:
             raise
 
 
+def _first_child_exception(errdir: str) -> Optional[BaseException]:
+    """The exception a replica raised first, of those that raised one."""
+    files = sorted((os.stat(os.path.join(errdir, f)).st_mtime_ns, f) for f in os.listdir(errdir)
+                   if f.endswith(".pkl"))
+    for _, f in files:
+        e = _child_exception(errdir, int(f[:-len(".pkl")]))
+        if e is not None:
+            return e
+    return None
+
+
 def _child_exception(errdir: str, rank: int) -> Optional[BaseException]:
     try:
         with open(os.path.join(errdir, f"{rank}.pkl"), "rb") as f:
@@ -75,6 +86,8 @@ def run_multiprocess(fn: Callable[..., R], *args, start_method: str = "spawn", *
             # The replica's own exception (TypeError, AssertionError...), with the launcher's
             # report (which replica, its traceback) as its cause.
             original = _child_exception(errdir, failure.rank)
+            if original is None:  # e.g. the launcher blamed a peer that aborted when this one left
+                original = _first_child_exception(errdir)
             if original is None:
                 raise
             raise original from failure
