@@ -244,6 +244,19 @@ def test_rng_state_restored_continues_after_drawn_numbers(eager):
     assert dev == cpu == (False, True)
 
 
+def test_get_rng_state_changes_nothing():
+    """Reading the state between two draws leaves the second draw as it is without the
+    read (as torch's CPU getter does)."""
+    def draws(read):
+        xm.set_rng_state(77)
+        a = torch.rand(4, device="xla:0")
+        if read:
+            xm.get_rng_state()
+        b = torch.rand(4, device="xla:0")
+        return torch.cat([a, b]).cpu()
+    assert torch.equal(draws(False), draws(True))
+
+
 def test_torch_checkpoint_replays_dropout_after_earlier_draws():
     """torch.utils.checkpoint saves the device generator's state before the forward and
     restores it for the recomputation: the dropout mask recomputed in the backward is the

@@ -6,6 +6,7 @@ its numbers differ: the seed advances at every barrier.
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 
@@ -14,10 +15,18 @@ _lock = threading.Lock()
 _state = {"seed": 101, "counter": itertools.count(), "node": None}
 
 
+# Positions handed out by `state()` (token -> (seed, op number)), newest last: a token
+# given back to `set_seed` returns to its position; any other integer is a new seed.
+_positions: "collections.OrderedDict[int, tuple]" = collections.OrderedDict()
+_MAX_POSITIONS = 256
+
+
 def set_seed(seed: int) -> None:
     with _lock:
-        _state["seed"] = int(seed) & _MASK
-        _state["counter"] = itertools.count()
+        pos = _positions.get(int(seed))
+        s, n = pos if pos is not None else (int(seed) & _MASK, 0)
+        _state["seed"] = s
+        _state["counter"] = itertools.count(n)
         _state["node"] = None
 
 
@@ -26,16 +35,21 @@ def get_seed() -> int:
 
 
 def state() -> int:
-    """The generator's position as one integer, for `set_seed` to return to. When random
-    ops drew from the current seed (in this step, or eager ops), the seed advances first:
-    restoring the result continues after them instead of repeating their numbers."""
+    """The generator's position as one integer, for `set_seed` to return to; reading it
+    changes nothing. At the start of a step that is the seed itself; after random ops drew
+    from it, a token standing for (seed, op number) that `set_seed` recognises."""
     with _lock:
         n = next(_state["counter"])
-        if n:
-            _advance()
-        else:
-            _state["counter"] = itertools.count()
-        return _state["seed"]
+        _state["counter"] = itertools.count(n)
+        seed = _state["seed"]
+        if n == 0:
+            return seed
+        token = ((seed * 0x9E3779B97F4A7C15) ^ (n * 0xBF58476D1CE4E5B9)) & _MASK
+        _positions[token] = (seed, n)
+        _positions.move_to_end(token)
+        while len(_positions) > _MAX_POSITIONS:
+            _positions.popitem(last=False)
+        return token
 
 
 def next_op() -> tuple:

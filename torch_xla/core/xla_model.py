@@ -156,8 +156,8 @@ def set_rng_state(seed: int, device: Optional[str] = None) -> None:
 
 
 def get_rng_state(device: Optional[str] = None) -> int:
-    """The current device random number generator state, as an integer (random ops drawn
-    since it was set advance it, so `set_rng_state` of it continues after them)."""
+    """The current device random number generator state, as an integer: `set_rng_state`
+    of it returns to this position (random ops drawn before it are not repeated)."""
     return rng.state()
 
 
