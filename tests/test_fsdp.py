@@ -102,6 +102,25 @@ def test_consolidate_command_line(job):
     torch.testing.assert_close(full, ref.state_dict(), rtol=1e-5, atol=1e-6)
 
 
+def test_consolidate_refuses_checkpoints_of_two_jobs(job, tmp_path):
+    import shutil
+    from torch_xla.distributed.fsdp import consolidate_sharded_model_checkpoints
+    _, d = job
+    for p in d.glob("ckpt_rank-*-of-*.pth"):
+        shutil.copy(p, tmp_path / p.name)
+    # A stale file of an earlier one-process job matching the same pattern.
+    stale = torch.load(next(iter(sorted(d.glob("ckpt_rank-*-of-*.pth")))), weights_only=False)
+    stale["shard_metadata"] = dict(stale["shard_metadata"], world_size=1, rank=0)
+    torch.save(stale, tmp_path / "ckpt_rank-00000000-of-00000001.pth")
+    with pytest.raises(ValueError, match=r"different jobs \(world size 1: .*; world size 2: "):
+        consolidate_sharded_model_checkpoints(str(tmp_path / "ckpt"), "_rank-*-of-*.pth")
+    assert not (tmp_path / "ckpt_consolidated.pth").exists()
+    (tmp_path / "ckpt_rank-00000000-of-00000001.pth").unlink()
+    full, path = consolidate_sharded_model_checkpoints(str(tmp_path / "ckpt"), "_rank-*-of-*.pth")
+    torch.testing.assert_close(torch.load(path)["model"], full)
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
 def test_zero1_matches_cpu_adam_with_clipping(job):
     res, _ = job
     ref, _, _ = _cpu_train(optim=lambda p: torch.optim.Adam(p, lr=0.01),

@@ -27,8 +27,13 @@ def consolidate_sharded_state_dicts(state_dict_list: List[Dict[str, Any]],
     sds = [state_dict_list[i] for i in order]
     meta = shard_metadata_list[order[0]]
     world = meta["world_size"]
-    if len(sds) != world:
-        raise ValueError(f"got {len(sds)} checkpoints for a world size of {world}")
+    ranks = [shard_metadata_list[i]["rank"] for i in order]
+    worlds = sorted({m["world_size"] for m in shard_metadata_list})
+    if len(worlds) > 1:
+        raise ValueError(f"the checkpoints come from jobs of different world sizes {worlds}")
+    if ranks != list(range(world)):
+        raise ValueError(f"expected one checkpoint for each rank 0..{world - 1} of a world size of {world}, "
+                         f"got ranks {ranks}")
     full: Dict[str, torch.Tensor] = {}
     shard_keys = set()
     for prefix, shards in meta["shard_info"].items():
@@ -65,8 +70,18 @@ def consolidate_sharded_model_checkpoints(ckpt_prefix: str, ckpt_suffix: str = "
         raise FileNotFoundError(f"no checkpoint matches {ckpt_prefix + ckpt_suffix}")
     paths = [p for p in paths if not re.search(r"_consolidated\.pth$", p)]
     ckpts = [torch.load(p, map_location="cpu", weights_only=False) for p in paths]
+    by_world: Dict[int, List[str]] = {}
+    for p, c in zip(paths, ckpts):
+        by_world.setdefault(c["shard_metadata"]["world_size"], []).append(p)
+    if len(by_world) > 1:
+        # Files of an earlier job with another world size match the pattern too: which set is
+        # meant cannot be told, so none is guessed.
+        found = "; ".join(f"world size {w}: {', '.join(ps)}" for w, ps in sorted(by_world.items()))
+        raise ValueError(f"{ckpt_prefix + ckpt_suffix} matches checkpoints of different jobs ({found}); "
+                         "remove the stale files or narrow ckpt_suffix")
     full = consolidate_sharded_state_dicts([c["model"] for c in ckpts], [c["shard_metadata"] for c in ckpts])
     save_path = save_path or ckpt_prefix + "_consolidated.pth"
     if save_model:
-        torch.save({"model": full}, save_path)
+        from ...core.xla_model import atomic_save
+        atomic_save({"model": full}, save_path)
     return full, save_path
