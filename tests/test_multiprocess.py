@@ -415,6 +415,21 @@ def test_mnist_example_two_processes_matches_one(flag):
     assert l2[25] < 0.5 * l2[0]
 
 
+def test_functional_collectives_eager_and_compiled():
+    res = _spawn(workers.functional_collectives_job)
+    x = [workers.rank_input(r, (4,)) for r in range(2)]
+    for r in range(2):
+        o = res[r]
+        _close(o["all_reduce"], x[0] + x[1])
+        _close(o["all_reduce_max"], torch.maximum(x[0], x[1]))
+        _close(o["all_gather"], torch.cat(x))
+        _close(o["reduce_scatter"], (x[0] + x[1])[2 * r:2 * r + 2])
+        _close(o["all_to_all"], torch.cat([x[0][2 * r:2 * r + 2], x[1][2 * r:2 * r + 2]]))
+        _close(o["broadcast"], x[1])
+        for k in range(2):
+            _close(o["compiled"][k], (x[0] + k) * 2 + (x[1] + k) * 2 + 1)
+
+
 def test_all_reduce_inside_torch_compile():
     res = _spawn(workers.compiled_all_reduce_job, args=(2,))
     for r in range(2):

@@ -294,6 +294,31 @@ def compiled_all_reduce_job(index: int, steps: int = 2):
     return [compiled(rank_input(r, (2, 3)).add(k).to(torch_xla.device())).cpu() for k in range(steps)]
 
 
+def functional_collectives_job(index: int):
+    """torch.distributed._functional_collectives on xla tensors, eager and inside torch.compile."""
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    import torch_xla
+    import torch_xla.distributed.xla_backend  # noqa: F401
+    import torch_xla.runtime as xr
+
+    dist.init_process_group("xla", init_method="xla://")
+    w = dist.group.WORLD
+    r, dev = xr.global_ordinal(), torch_xla.device()
+    t = rank_input(r, (4,)).to(dev)
+    out = {
+        "all_reduce": funcol.all_reduce(t, "sum", w),
+        "all_reduce_max": funcol.all_reduce(t, "max", w),
+        "all_gather": funcol.all_gather_tensor(t, 0, w),
+        "reduce_scatter": funcol.reduce_scatter_tensor(t, "sum", 0, w),
+        "all_to_all": funcol.all_to_all_single(t, [2, 2], [2, 2], w),
+        "broadcast": funcol.broadcast(t, 1, w),
+    }
+    step = torch.compile(lambda x: funcol.all_reduce(x * 2, "sum", w) + 1, backend="openxla", fullgraph=True)
+    out["compiled"] = [step(t.add(k)) for k in range(2)]
+    return {k: [x.cpu() for x in v] if isinstance(v, list) else v.cpu() for k, v in out.items()}
+
+
 def use_spmd_job(index: int):
     """A replica asks for SPMD mode: refused (one process per device is replication)."""
     import torch_xla.runtime as xr

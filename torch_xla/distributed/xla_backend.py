@@ -255,6 +255,20 @@ class ProcessGroupXla(ProcessGroup):
     def name(self):
         return "xla"
 
+    # torch.distributed names every group (`_set_group_name`) and the functional collectives
+    # (torch.distributed._functional_collectives, Dynamo's traced collectives) find a group by
+    # that name. ProcessGroup keeps the name on its registered backends; this group is its own
+    # backend and has none registered, so it keeps the name itself.
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_name(self) -> str:
+        name = getattr(self, "_group_name", None)
+        if name is None:
+            raise RuntimeError("ProcessGroup name not set")
+        return name
+
     # -- helpers --------------------------------------------------------------------------
     def _members(self) -> List[int]:
         """The global ranks of this group, in group-rank order."""
