@@ -123,6 +123,49 @@ def test_decoder_training_matches_cpu():
         assert_same(pd, pc, rtol=1e-3, atol=1e-3)   # AdamW: near-zero gradients amplified
 
 
+def test_resnet_training_matches_cpu():
+    cpu, dev = _pair(ResNet)
+    opt_c = torch.optim.SGD(cpu.parameters(), lr=0.05, momentum=0.9)
+    opt_d = torch.optim.SGD(dev.parameters(), lr=0.05, momentum=0.9)
+
+    def step(model, x, y):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        return loss
+
+    cstep = torch.compile(step, backend="openxla")
+    for x, y in image_data(3, batch=4):
+        opt_c.zero_grad()
+        lc = step(cpu, x, y)
+        opt_d.zero_grad()
+        ld = cstep(dev, x.to(XLA), y.to(XLA))
+        opt_c.step()
+        opt_d.step()
+        xm.mark_step()
+        assert_same(ld, lc, rtol=1e-4, atol=1e-4)
+    for (n, pc), pd in zip(cpu.state_dict().items(), dev.state_dict().values()):
+        assert_same(pd, pc, rtol=1e-3, atol=1e-3, msg=n)        # weights and BN running stats
+
+
+@pytest.mark.parametrize("which", ["mnist", "decoder"])
+def test_inference_matches_cpu(which):
+    if which == "mnist":
+        cpu, dev = _pair(MNIST)
+        data = [x for x, _ in mnist_data(3)]
+    else:
+        cpu, dev = _pair(Decoder, n_layers=1)
+        data = [x for x, _ in lm_data(3, batch=2, seq=16)]
+    cpu.eval()
+    dev.eval()
+    cdev = torch.compile(dev, backend="openxla")
+    with torch.no_grad():
+        for i, x in enumerate(data):
+            if i == 1:
+                compiles = met.counter_value("UncachedCompile")
+            assert_same(cdev(x.to(XLA)), cpu(x), rtol=1e-4, atol=1e-4)
+    assert met.counter_value("UncachedCompile") == compiles
+
+
 def test_resnet_inference_traced_once(monkeypatch):
     cpu, dev = _pair(ResNet)
     cpu.eval()
