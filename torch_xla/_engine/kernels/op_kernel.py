@@ -83,6 +83,9 @@ class OpKernel:
         self.nargs = plan.nargs
         self.is_factory = plan.is_factory
         self.cache: Dict[Any, ShapeEntry] = {}
+        # The entries of one output that build a node here (no CPU fallback): the
+        # specialised kernels' common case looks its key up in this one only.
+        self.one: Dict[Any, ShapeEntry] = {}
         self.fast = None  # the specialised kernel, once generated (specialise.py)
         # `xla::<op>`: IR nodes this op made (shared by its overloads).
         self.op_count = metrics.cell("xla::" + op._schema.name.rpartition("::")[2])
@@ -213,6 +216,8 @@ class OpKernel:
             entry = shapes.infer(self, args)
             entry.base = ir.node_base(self.name, entry.avals, entry.common if self.low.promote else None)
             self.cache[key] = entry
+            if not entry.fallback and entry.structure == "one":
+                self.one[key] = entry
         if entry.fallback:
             return fallback.cpu_fallback(self.op, args, {})
         if scalars is not None:

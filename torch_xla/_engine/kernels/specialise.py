@@ -73,7 +73,7 @@ def specialise(k: OpKernel):
     `OpKernel.__call__`, which it calls for anything else (first call of a shape, other
     CPU scalars, fallbacks, eager mode), without the per-argument kind dispatch."""
     low = k.low
-    ns = {"generic": k.__call__, "outputs": k._outputs, "cache": k.cache,
+    ns = {"generic": k.__call__, "outputs": k._outputs, "cache": k.cache, "one": k.one,
           "make_tensor": make_tensor, "Tensor": torch.Tensor, "REFS": REFS, "EAGER": EAGER, "freeze": freeze,
           "NOSPECIAL": NO_SPECIAL_SCALARS, "NAME": k.name, "LOW": low, "PROMOTE": low.promote,
           "COUNT": k.op_count, "copysign": math.copysign, "make_node": ir.make_node,
@@ -238,8 +238,9 @@ def _common_case(k: OpKernel, ns: dict):
         parts, argument and operand (None: no operand)."""
         ops = [f"(_s{i}.node, _s{i}.idx)" for i in fixed if i != last_t]
         hx = [f"_s{i}.node.hash, _s{i}.idx" for i in fixed if i != last_t]
-        out = [f"_entry = cache.get(({', '.join(x for kp in key for x in (last_key if kp == '*LASTKEY' else [kp]))},))",
-               "if _entry is None or _entry.fallback or EAGER[0]:", "    return general(CALL)"]
+        # `one` holds the entries of one output without fallback: a miss goes to `general`
+        out = [f"_entry = one.get(({', '.join(x for kp in key for x in (last_key if kp == '*LASTKEY' else [kp]))},))",
+               "if _entry is None or EAGER[0]:", "    return general(CALL)"]
         if last_op == "param":
             out.append(f"_n = scalar_param({names[last_t]}, _entry.common)")
             last_arg = f"REFS[{len(ops)}]"
@@ -248,10 +249,7 @@ def _common_case(k: OpKernel, ns: dict):
         elif last_op is not None:
             ops.append(last_op)
             hx.append(f"_s{last_t}.node.hash, _s{last_t}.idx")
-        out += ["COUNT[0] += 1", f"_argv = ({''.join(a + ', ' for a in (last_arg if a == 'LAST' else a for a in argv))})",
-                "if _entry.structure != 'one':",
-                f"    return outputs(make_node(NAME, ({''.join(o + ', ' for o in ops)}), _argv, _entry.avals, LOW, {promote},"
-                f" hash((_entry.base, _argv, {''.join(h + ', ' for h in hx)}))), _entry)"]
+        out += ["COUNT[0] += 1", f"_argv = ({''.join(a + ', ' for a in (last_arg if a == 'LAST' else a for a in argv))})"]
         # ir.make_node and tensor.make_tensor, inline: this is the path of most traced ops
         out += _NEW_NODE.format(ops="".join(o + ", " for o in ops), promote=promote,
                                 hx="".join(h + ", " for h in hx)).splitlines()
