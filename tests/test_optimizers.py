@@ -94,6 +94,30 @@ def test_clip_grad_norm_matches_cpu():
     _check("sgd", clip=0.5)
 
 
+def test_clip_grad_norm_without_gradients_is_zero_on_the_device():
+    """No parameter has a gradient: the norm is the CPU's zero, on the parameters' device
+    (a tensor, a list, a generator); CPU parameters keep PyTorch's CPU zero."""
+    g = torch.Generator().manual_seed(4)
+    cps = [torch.randn(3, 2, generator=g).requires_grad_(), torch.randn(4, generator=g).requires_grad_()]
+    xps = [p.detach().to(XLA).requires_grad_() for p in cps]
+    cpu_norm = torch.nn.utils.clip_grad_norm_(cps, 1.0)
+    assert cpu_norm.device.type == "cpu"
+    for arg in (xps, xps[0], (p for p in xps), iter(xps)):
+        n = torch.nn.utils.clip_grad_norm_(arg, 1.0)
+        assert n.device.type == "xla"
+        assert_same(n, cpu_norm)
+    with pytest.warns(UserWarning, match="empty generator"):
+        n = torch.nn.utils.clip_grad_norm_((p for p in ()), 1.0)
+    assert n.device.type == "cpu"
+    # one of them with a gradient: PyTorch's own result, already on the device
+    cps[1].grad = torch.randn(4, generator=g)
+    xps[1].grad = cps[1].grad.to(XLA)
+    n = torch.nn.utils.clip_grad_norm_(xps, 1.0)
+    assert_same(n, torch.nn.utils.clip_grad_norm_(cps, 1.0), rtol=1e-5, atol=1e-6)
+    assert_same(xps[1].grad, cps[1].grad, rtol=1e-5, atol=1e-6)
+    assert torch.nn.utils.clip_grad.clip_grad_norm_ is torch.nn.utils.clip_grad_norm_
+
+
 def test_clip_grad_norm_inf():
     g = torch.Generator().manual_seed(3)
     ps = [torch.randn(5, 4, generator=g), torch.randn(7, generator=g)]
