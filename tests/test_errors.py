@@ -343,12 +343,13 @@ def test_random_bounds_checked_as_on_cpu(dtype, bounds):
     (lambda a: torch.softmax(a, 2), (torch.rand(2, 2),)),
     (lambda a: a.transpose(0, 2), (torch.rand(2, 2),)),
     (lambda a: a.select(0, 5), (torch.rand(2, 2),)),
+    (lambda a: torch.unique(a, dim=3), (torch.rand(2, 2),)),
 ], ids=["flip", "flip_many", "sum", "max_empty", "min_empty", "amax_empty", "softmax", "transpose",
-        "select"])
+        "select", "unique_dim_cpu_fallback"])
 def test_index_errors_are_also_runtime_errors(fn, args, lazy):
     """Where the CPU raises IndexError (a dimension or index out of range, a reduction over
     an empty dimension), the xla tensor's error is that IndexError with its message, and
-    also the RuntimeError PyTorch/XLA raises."""
+    also the RuntimeError PyTorch/XLA raises; for ops taking the CPU fallback too."""
     err, cerr = _check_same_error(fn, *args, lazy=lazy)
     assert type(cerr) is IndexError
     assert isinstance(err, IndexError) and isinstance(err, RuntimeError)

@@ -51,7 +51,7 @@ def reword(name: str, args: dict, e: BaseException) -> BaseException:
     msg = None
     fn = _BY_OP.get(name)
     if isinstance(e, IndexError):
-        return _index_error(e)
+        return index_error(e)
     if not isinstance(e, RuntimeError) and name not in _VALUE_ERRORS:
         return e  # another check failed: PyTorch's
     try:
@@ -73,7 +73,8 @@ def reword(name: str, args: dict, e: BaseException) -> BaseException:
     return out
 
 
-def _index_error(e: IndexError) -> BaseException:
+def index_error(e: IndexError) -> BaseException:
+    """`e` as an XlaIndexError (same message, notes and traceback)."""
     if isinstance(e, RuntimeError):
         return e
     out = XlaIndexError(*e.args)
