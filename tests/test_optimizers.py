@@ -243,3 +243,18 @@ def test_foreach_dtypes(dtype):
         # tensors' dtype, so 0.3 is rounded to bf16 first where the CPU uses it in f32.
         tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=0.01, atol=8e-3)
         assert_same(xo, co, **tol)
+
+
+def test_clip_grad_norm_is_traced_by_dynamo():
+    """The installed clip_grad_norm_ is PyTorch's to TorchDynamo: one graph, no break."""
+    import torch._dynamo
+    m = torch.nn.Linear(4, 2)
+    for p in m.parameters():
+        p.grad = torch.ones_like(p)
+
+    def step(x):
+        return torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5) * x
+
+    assert torch.nn.utils.clip_grad_norm_._orig is not torch.nn.utils.clip_grad_norm_
+    ex = torch._dynamo.explain(step)(torch.ones(3))
+    assert (ex.graph_count, ex.graph_break_count) == (1, 0), ex.break_reasons

@@ -69,7 +69,8 @@ REGISTRY: List[Patch] = [
           "a subclass (`torch_xla.experimental.gru.GRU`) that runs each layer's time loop on "
           "xla tensors as one program loop instead of one traced step per time step; other "
           "devices, packed sequences and bidirectional GRUs take PyTorch's own code"),
-    Patch("clip_grad_norm", "`torch.nn.utils.clip_grad_norm_`", "import", "PT_XLA_PATCH_CLIP_GRAD_NORM",
+    Patch("clip_grad_norm", "`torch.nn.utils.clip_grad_norm_` (the original stays as its `_orig`)",
+          "import", "PT_XLA_PATCH_CLIP_GRAD_NORM",
           "when none of the parameters has a gradient, PyTorch returns a zero on the CPU; for "
           "parameters on the xla device the zero is on their device, as the norm is when they "
           "have gradients (PyTorch/XLA returns it there). Otherwise PyTorch's own function runs"),
@@ -159,41 +160,11 @@ def _apply(self, fn, recurse=True):
     return out
 
 
-# ---- clip_grad_norm -------------------------------------------------------------------------
-
-_orig_clip_grad_norm = torch.nn.utils.clip_grad_norm_
-_CLIP_PARAMS = ["parameters", "max_norm", "norm_type", "error_if_nonfinite", "foreach"]
-
-
-def _clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
-    if not isinstance(parameters, torch.Tensor):
-        given = parameters
-        parameters = list(parameters)  # an iterator is read once, here
-        if not parameters and isinstance(given, types.GeneratorType):
-            parameters = given  # exhausted: PyTorch warns about an empty generator
-    total = _orig_clip_grad_norm(parameters, max_norm, norm_type, error_if_nonfinite, foreach)
-    if total.device.type != "xla":  # no gradient: PyTorch's CPU zero
-        first = parameters if isinstance(parameters, torch.Tensor) else next(iter(parameters), None)
-        if isinstance(first, torch.Tensor) and first.device.type == "xla":
-            total = total.to(first.device)
-    return total
-
-
-_clip_grad_norm_.__doc__ = _orig_clip_grad_norm.__doc__
-_clip_grad_norm_._orig = _orig_clip_grad_norm
-
-
 def install_import_time() -> None:
     """The entries applied by `import torch_xla` that are not kernel registrations."""
     if (enabled("module_apply") and torch.nn.Module._apply is _orig_apply
             and signature_matches(_orig_apply, ["self", "fn", "recurse"], "torch.nn.Module._apply")):
         torch.nn.Module._apply = _apply
-    if (enabled("clip_grad_norm") and torch.nn.utils.clip_grad_norm_ is _orig_clip_grad_norm
-            and signature_matches(_orig_clip_grad_norm, _CLIP_PARAMS, "torch.nn.utils.clip_grad_norm_")):
-        torch.nn.utils.clip_grad_norm_ = _clip_grad_norm_
-        clip_grad = sys.modules.get("torch.nn.utils.clip_grad")
-        if clip_grad is not None and getattr(clip_grad, "clip_grad_norm_", None) is _orig_clip_grad_norm:
-            clip_grad.clip_grad_norm_ = _clip_grad_norm_
     install_dynamo_skips()
 
 
