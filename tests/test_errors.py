@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 import torch_xla  # noqa: F401  (registers the xla device)
 import torch_xla.core.xla_model as xm
+from torch_xla._engine.kernels.messages import XlaIndexError
 
 
 def _xla():
@@ -24,6 +25,14 @@ def _cpu_error(fn, *args):
     with pytest.raises(Exception) as ei:
         fn(*args)
     return ei.value
+
+
+def _same_type(err, cerr):
+    """`err` (xla) has the type of `cerr` (CPU); an op's IndexError is XlaIndexError, also
+    a RuntimeError (PyTorch/XLA's type); a view's (checked by functionalization) is plain."""
+    if type(cerr) is IndexError:
+        return type(err) in (IndexError, XlaIndexError)
+    return type(err) is type(cerr)
 
 
 def _check_same_error(fn, *cpu_args, lazy=False):
@@ -37,7 +46,7 @@ def _check_same_error(fn, *cpu_args, lazy=False):
         xargs = [a.to(_xla()) if isinstance(a, torch.Tensor) else a for a in cpu_args]
     with pytest.raises(Exception) as ei:
         fn(*xargs)
-    assert type(ei.value) is type(cerr), (
+    assert _same_type(ei.value, cerr), (
         f"xla raised {type(ei.value).__name__}: {ei.value}\nCPU raised {type(cerr).__name__}: {cerr}")
     assert str(ei.value)
     # the failed op leaves no broken pending graph behind
@@ -321,3 +330,29 @@ def test_random_bounds_checked_as_on_cpu(dtype, bounds):
     exact = {torch.float16: 2 ** 11, torch.bfloat16: 2 ** 8}.get(dtype)
     if hi is not None and (exact is None or hi <= exact):  # beyond: rounded (the CPU warns)
         assert r.to(torch.float64).max() < hi
+
+
+@LAZY
+@pytest.mark.parametrize("fn,args", [
+    (lambda a: a.flip(3), (torch.rand(2, 2, 2),)),
+    (lambda a: a.flip(0, 1, 2, 3), (torch.rand(2, 2, 2),)),
+    (lambda a: a.sum(-3), (torch.rand(2, 2),)),
+    (lambda a: torch.max(a, dim=1), (torch.rand(2, 0, 4),)),
+    (lambda a: torch.min(a, dim=-2), (torch.rand(2, 0, 4),)),
+    (lambda a: a.amax(1), (torch.rand(2, 0, 4),)),
+    (lambda a: torch.softmax(a, 2), (torch.rand(2, 2),)),
+    (lambda a: a.transpose(0, 2), (torch.rand(2, 2),)),
+    (lambda a: a.select(0, 5), (torch.rand(2, 2),)),
+    (lambda a: torch.unique(a, dim=3), (torch.rand(2, 2),)),
+], ids=["flip", "flip_many", "sum", "max_empty", "min_empty", "amax_empty", "softmax", "transpose",
+        "select", "unique_dim_cpu_fallback"])
+def test_index_errors_are_also_runtime_errors(fn, args, lazy):
+    """Where the CPU raises IndexError (a dimension or index out of range, a reduction over
+    an empty dimension), the xla tensor's error is that IndexError with its message, and
+    also the RuntimeError PyTorch/XLA raises; for ops taking the CPU fallback too."""
+    err, cerr = _check_same_error(fn, *args, lazy=lazy)
+    assert type(cerr) is IndexError
+    assert isinstance(err, IndexError) and isinstance(err, RuntimeError)
+    assert str(err) == str(cerr)
+    with pytest.raises(RuntimeError):
+        fn(*[a.to(_xla()) for a in args])

@@ -94,6 +94,30 @@ def test_clip_grad_norm_matches_cpu():
     _check("sgd", clip=0.5)
 
 
+def test_clip_grad_norm_without_gradients_is_zero_on_the_device():
+    """No parameter has a gradient: the norm is the CPU's zero, on the parameters' device
+    (a tensor, a list, a generator); CPU parameters keep PyTorch's CPU zero."""
+    g = torch.Generator().manual_seed(4)
+    cps = [torch.randn(3, 2, generator=g).requires_grad_(), torch.randn(4, generator=g).requires_grad_()]
+    xps = [p.detach().to(XLA).requires_grad_() for p in cps]
+    cpu_norm = torch.nn.utils.clip_grad_norm_(cps, 1.0)
+    assert cpu_norm.device.type == "cpu"
+    for arg in (xps, xps[0], (p for p in xps), iter(xps)):
+        n = torch.nn.utils.clip_grad_norm_(arg, 1.0)
+        assert n.device.type == "xla"
+        assert_same(n, cpu_norm)
+    with pytest.warns(UserWarning, match="empty generator"):
+        n = torch.nn.utils.clip_grad_norm_((p for p in ()), 1.0)
+    assert n.device.type == "cpu"
+    # one of them with a gradient: PyTorch's own result, already on the device
+    cps[1].grad = torch.randn(4, generator=g)
+    xps[1].grad = cps[1].grad.to(XLA)
+    n = torch.nn.utils.clip_grad_norm_(xps, 1.0)
+    assert_same(n, torch.nn.utils.clip_grad_norm_(cps, 1.0), rtol=1e-5, atol=1e-6)
+    assert_same(xps[1].grad, cps[1].grad, rtol=1e-5, atol=1e-6)
+    assert torch.nn.utils.clip_grad.clip_grad_norm_ is torch.nn.utils.clip_grad_norm_
+
+
 def test_clip_grad_norm_inf():
     g = torch.Generator().manual_seed(3)
     ps = [torch.randn(5, 4, generator=g), torch.randn(7, generator=g)]
@@ -219,3 +243,18 @@ def test_foreach_dtypes(dtype):
         # tensors' dtype, so 0.3 is rounded to bf16 first where the CPU uses it in f32.
         tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=0.01, atol=8e-3)
         assert_same(xo, co, **tol)
+
+
+def test_clip_grad_norm_is_traced_by_dynamo():
+    """The installed clip_grad_norm_ is PyTorch's to TorchDynamo: one graph, no break."""
+    import torch._dynamo
+    m = torch.nn.Linear(4, 2)
+    for p in m.parameters():
+        p.grad = torch.ones_like(p)
+
+    def step(x):
+        return torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5) * x
+
+    assert torch.nn.utils.clip_grad_norm_._orig is not torch.nn.utils.clip_grad_norm_
+    ex = torch._dynamo.explain(step)(torch.ones(3))
+    assert (ex.graph_count, ex.graph_break_count) == (1, 0), ex.break_reasons

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -524,3 +525,42 @@ def test_state_dict_xla_to_cpu_via_cpu_copies():
         w = back.state_dict()[k]
         want = v * 2 if k.endswith(("weight", "bias")) else v
         torch.testing.assert_close(w, want, rtol=0, atol=0)
+
+
+def test_replace_xla_tensor_takes_the_source_value():
+    """`_XLAC._replace_xla_tensor(t, s)` is `t.set_(s.clone())` outside autograd, as on the
+    CPU: `t` (a parameter too) takes `s`'s shape and value, later writes stay apart, and a
+    different dtype is refused with set_'s RuntimeError."""
+    def run(dev):
+        out = []
+        t = torch.arange(6.0).reshape(2, 3).to(dev)
+        t += 1
+        _barrier(dev)
+        s = torch.linspace(0, 1, 4).to(dev)
+        if dev.type == "xla":
+            r = torch_xla._XLAC._replace_xla_tensor(t, s)
+        else:
+            with torch.no_grad():
+                r = t.set_(s.clone())
+        assert r is t
+        t += 1
+        out += [t, s]
+        p = nn.Parameter(torch.ones(4, 3).to(dev))
+        for src in (torch.zeros(1), torch.full((2, 2), 3.0)):
+            if dev.type == "xla":
+                torch_xla._XLAC._replace_xla_tensor(p, src.to(dev))
+            else:
+                with torch.no_grad():
+                    p.set_(src.clone())
+        assert isinstance(p, nn.Parameter) and p.requires_grad
+        (p * torch.arange(4.0).reshape(2, 2).to(dev)).sum().backward()
+        out += [p.detach(), p.grad]
+        return [o.cpu() for o in out]
+
+    for got, want in zip(run(_xla()), run(CPU)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    x = torch.zeros(2, device=_xla())
+    with pytest.raises(RuntimeError):
+        torch.zeros(2).set_(torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(RuntimeError):
+        torch_xla._XLAC._replace_xla_tensor(x, torch.zeros(2, dtype=torch.int64, device=_xla()))

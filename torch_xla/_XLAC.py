@@ -283,6 +283,19 @@ def _get_buffer_donation(tensor: torch.Tensor) -> bool:
     return type(s.node) is ir.DeviceData and s.node in ir.DONORS
 
 
+def _replace_xla_tensor(self: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """`self` takes `source`'s current value, shape and dtype (as `set_` does, outside
+    autograd: a parameter's data can change shape, the way FSDP swaps a full parameter and
+    its shard), and returns `self`. Later in-place writes to one do not reach the other."""
+    for name, t in (("self", self), ("source", source)):
+        if not isinstance(t, torch.Tensor) or t.device.type != "xla":
+            raise RuntimeError(f"_replace_xla_tensor: {name} must be an xla tensor, got "
+                               f"{t.device if isinstance(t, torch.Tensor) else type(t).__name__}")
+    with torch.no_grad():
+        self.set_(source.clone())
+    return self
+
+
 def _init_computation_client() -> None:
     """Starts the runtime (jax and its PJRT client) now rather than at the first use."""
     from ._engine import runtime

@@ -18,6 +18,9 @@ _executor.activate_debugging()
 if _patches.enabled("nn_gru"):
     from .experimental import gru as _gru
     _gru.install()
+if _patches.enabled("clip_grad_norm"):
+    from ._internal import clip_grad as _clip_grad
+    _clip_grad.install()
 
 from . import _XLAC  # noqa: E402,F401  (documented as torch_xla._XLAC)
 from ._api import (device, devices, device_count, sync, step, compile, manual_seed,  # noqa: E402

@@ -69,6 +69,11 @@ REGISTRY: List[Patch] = [
           "a subclass (`torch_xla.experimental.gru.GRU`) that runs each layer's time loop on "
           "xla tensors as one program loop instead of one traced step per time step; other "
           "devices, packed sequences and bidirectional GRUs take PyTorch's own code"),
+    Patch("clip_grad_norm", "`torch.nn.utils.clip_grad_norm_` (the original stays as its `_orig`)",
+          "import", "PT_XLA_PATCH_CLIP_GRAD_NORM",
+          "when none of the parameters has a gradient, PyTorch returns a zero on the CPU; for "
+          "parameters on the xla device the zero is on their device, as the norm is when they "
+          "have gradients (PyTorch/XLA returns it there). Otherwise PyTorch's own function runs"),
     Patch("xla_flags", "the `XLA_FLAGS` and `JAX_PLATFORMS` environment variables",
           "jax start", "XLA_FLAGS naming the flag yourself",
           "`JAX_PLATFORMS` from `PJRT_DEVICE`; on CPU, XLA's memory-minimising scheduler "

@@ -10,6 +10,7 @@ import torch
 
 from .. import metrics
 from ..tensor import unwrap
+from . import messages
 from .values import from_cpu, set_data, to_cpu
 
 
@@ -62,7 +63,13 @@ def cpu_fallback(op, args, kwargs):
 
     cargs = [conv(a) for a in args]
     ckwargs = {k: conv(v) for k, v in kwargs.items()}
-    out = op(*cargs, **ckwargs)
+    try:
+        out = op(*cargs, **ckwargs)
+    except IndexError as e:  # also a RuntimeError, as for ops with a meta kernel (shapes.py)
+        worded = messages.index_error(e)
+        if worded is e:
+            raise
+        raise worded from None
     # Mutated arguments: write the CPU result back into the XLA tensor.
     for i, a in enumerate(op._schema.arguments):
         if a.alias_info is not None and a.alias_info.is_write:

@@ -23,6 +23,12 @@ _BY_OP: Dict[str, Callable[[dict], Optional[str]]] = {}
 _VALUE_ERRORS = ("aten::div.Tensor_mode", "aten::div.Scalar_mode")
 
 
+class XlaIndexError(IndexError, RuntimeError):
+    """An index or dimension of an op's arguments out of range. PyTorch raises IndexError
+    for these; PyTorch/XLA's shape checks raise RuntimeError for every failed check. This
+    is both, so code written for either catches it; the message is PyTorch's."""
+
+
 def _for(*names: str):
     def deco(fn):
         for n in names:
@@ -44,8 +50,10 @@ def reword(name: str, args: dict, e: BaseException) -> BaseException:
     `args` (schema name -> value, tensors as meta tensors)."""
     msg = None
     fn = _BY_OP.get(name)
+    if isinstance(e, IndexError):
+        return index_error(e)
     if not isinstance(e, RuntimeError) and name not in _VALUE_ERRORS:
-        return e  # another check failed (an IndexError for a dim out of range...): PyTorch's
+        return e  # another check failed: PyTorch's
     try:
         if fn is not None:
             msg = fn(args)
@@ -63,6 +71,16 @@ def reword(name: str, args: dict, e: BaseException) -> BaseException:
         out = RuntimeError(msg)
     out.add_note(f"PyTorch's message: {old}")
     return out
+
+
+def index_error(e: IndexError) -> BaseException:
+    """`e` as an XlaIndexError (same message, notes and traceback)."""
+    if isinstance(e, RuntimeError):
+        return e
+    out = XlaIndexError(*e.args)
+    for note in getattr(e, "__notes__", ()):
+        out.add_note(note)
+    return out.with_traceback(e.__traceback__)
 
 
 def _from_broadcast_check(e: BaseException) -> bool:

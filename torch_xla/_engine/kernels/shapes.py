@@ -1,7 +1,8 @@
 """Shape inference: a kernel's output avals for one (op, input avals, static args).
 
 PyTorch's meta kernel (or the lowering's own `meta`) runs once per combination on meta
-tensors; its exception, raised at the op's line, is PyTorch's own. An op whose outputs
+tensors; its exception, raised at the op's line, is PyTorch's own (an IndexError is also
+a RuntimeError, as PyTorch/XLA raises: `messages.XlaIndexError`). An op whose outputs
 the meta kernel cannot compute goes to the CPU fallback, decided here once per
 combination: no Meta-capable kernel registered, NotImplementedError, or an error that
 says the kernel needed the tensors' data (data-dependent output shapes: nonzero,
@@ -114,10 +115,11 @@ def infer(k, args) -> ShapeEntry:
     except NotImplementedError:
         # No meta kernel for this combination of arguments (PyTorch raises this type).
         return ShapeEntry((), "one", None, fallback=True)
-    except (RuntimeError, ValueError) as e:
+    except (RuntimeError, ValueError, IndexError) as e:
         if isinstance(e, RuntimeError) and _needs_data(e):
             return ShapeEntry((), "one", None, fallback=True)
-        # PyTorch/XLA's more precise wording of some checks (PyTorch's type kept)
+        # PyTorch/XLA's more precise wording of some checks (PyTorch's type kept; an
+        # IndexError is also a RuntimeError, as PyTorch/XLA raises: messages.XlaIndexError)
         worded = messages.reword(k.name, {a.name: m for a, m in zip(schema_args, margs)}, e)
         if worded is e:
             raise
