@@ -494,3 +494,18 @@ def test_manual_region_refuses_an_uneven_dimension():
     with pytest.raises(RuntimeError, match="split evenly"):
         xs.enable_manual_sharding(x, (0,), mesh=m)
     torch.testing.assert_close((x * 2).cpu(), torch.arange(5.) * 2)  # padded layout still computes
+
+
+def test_every_host_read_of_spmd_device_data_counts_as_replicate_sharded_data():
+    # Device data of the SPMD device, sharded or replicated, read back as one tensor counts
+    # once per read; data still on the host (never used by a program) does not.
+    t = torch.arange(32.).reshape(8, 4)
+    x = t.to("xla")
+    met.clear_all()
+    assert torch.equal(x.cpu(), t)
+    assert not met.counter_value("ReplicateShardedData")
+    xs.mark_sharding(x, mesh((4, 1)), (0, 1))
+    y = (x * 2).sum(0)
+    xm.mark_step()
+    assert torch.equal(x.cpu(), t) and torch.equal(y.cpu(), (t * 2).sum(0))
+    assert met.counter_value("ReplicateShardedData") == 2
