@@ -509,3 +509,22 @@ def test_every_host_read_of_spmd_device_data_counts_as_replicate_sharded_data():
     xm.mark_step()
     assert torch.equal(x.cpu(), t) and torch.equal(y.cpu(), (t * 2).sum(0))
     assert met.counter_value("ReplicateShardedData") == 2
+
+
+def test_host_data_goes_to_the_devices_at_its_annotation_or_first_use():
+    # Data sent to the SPMD device waits on the host: an annotation sends each device only
+    # its piece; an op using it sends it replicated, at once (not at the barrier).
+    import torch_xla._XLAC as X
+    a, b = torch.randn(8, 4), torch.randn(8, 4)
+    xa, xb = a.to("xla"), b.to("xla")
+    met.clear_all()
+    assert "Tensor on host: with size [8, 4]" in X._get_xla_tensor_debug_info(xa)
+    xs.mark_sharding(xa, mesh((4, 1)), (0, 1))
+    assert met.counter_value("VirtualDeviceUsage") == 1
+    assert [tuple(s.data.shape) for s in xs.XLAShardedTensor(xa).local_shards] == [(2, 4)] * 4
+    assert "Tensor on host: with size [8, 4]" in X._get_xla_tensor_debug_info(xb)
+    y = xb * 3
+    info = X._get_xla_tensor_debug_info(xb)
+    assert "Tensor on host: None" in info and "xla::device_data" in info
+    assert met.counter_value("VirtualDeviceUsage") == 2
+    torch.testing.assert_close((xa + y).cpu(), a + b * 3)
