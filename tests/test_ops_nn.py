@@ -412,6 +412,31 @@ def test_nll_loss_all_ignored_is_nan():
     assert torch.isnan(out.cpu()) and torch.isnan(F.nll_loss(x, t))
 
 
+def test_floating_class_targets_as_pytorch_xla_takes_them():
+    # PyTorch/XLA's losses take class indices held in a floating tensor (`zeros(n)`); the
+    # CPU wants Long: compare against the same indices as int64. A value that is no whole
+    # number (2.5) is refused by a device-side check, an out-of-range one raises the CPU's
+    # IndexError (with the checks off, such a value selects no class).
+    x = torch.randn(6, 3, requires_grad=True)
+    t = torch.tensor([0, 2, 1, 1, 0, 2])
+    ref = F.cross_entropy(x, t)
+    ref.backward()
+    xx = x.detach().to(XLA).requires_grad_()
+    out = F.cross_entropy(xx, t.float().to(XLA))
+    out.backward()
+    assert_same(out, ref)
+    assert_same(xx.grad, x.grad)
+    x4, t4 = torch.randn(2, 3, 4, 4), torch.randint(0, 3, (2, 4, 4))
+    assert_same(F.cross_entropy(x4.to(XLA), t4.double().to(XLA), reduction="sum"),
+                F.cross_entropy(x4, t4, reduction="sum"))
+    with pytest.raises(ValueError, match="flat position 1 is not a whole number"):
+        F.nll_loss(x.detach().to(XLA), torch.tensor([0, 2.5, 1, 1, 0, 2]).to(XLA), reduction="none").cpu()
+    with pytest.raises(IndexError, match="Target 5 is out of bounds"):
+        F.nll_loss(x.detach().to(XLA), torch.tensor([0., 5, 1, 1, 0, 2]).to(XLA)).cpu()
+    with pytest.raises(RuntimeError, match="expected target dtype to be Long or Byte, but got Bool"):
+        F.nll_loss(x.detach().to(XLA), torch.ones(6, dtype=torch.bool).to(XLA))
+
+
 @pytest.mark.parametrize("ls", [0.0, 0.2])
 def test_cross_entropy(ls):
     x = torch.randn(6, 5)

@@ -494,3 +494,73 @@ def test_manual_region_refuses_an_uneven_dimension():
     with pytest.raises(RuntimeError, match="split evenly"):
         xs.enable_manual_sharding(x, (0,), mesh=m)
     torch.testing.assert_close((x * 2).cpu(), torch.arange(5.) * 2)  # padded layout still computes
+
+
+def test_every_host_read_of_spmd_device_data_counts_as_replicate_sharded_data():
+    # Device data of the SPMD device, sharded or replicated, read back as one tensor counts
+    # once per read; data still on the host (never used by a program) does not.
+    t = torch.arange(32.).reshape(8, 4)
+    x = t.to("xla")
+    met.clear_all()
+    assert torch.equal(x.cpu(), t)
+    assert not met.counter_value("ReplicateShardedData")
+    xs.mark_sharding(x, mesh((4, 1)), (0, 1))
+    y = (x * 2).sum(0)
+    xm.mark_step()
+    assert torch.equal(x.cpu(), t) and torch.equal(y.cpu(), (t * 2).sum(0))
+    assert met.counter_value("ReplicateShardedData") == 2
+
+
+def test_host_data_goes_to_the_devices_at_its_annotation_or_first_use():
+    # Data sent to the SPMD device waits on the host: an annotation sends each device only
+    # its piece; an op using it sends it replicated, at once (not at the barrier).
+    import torch_xla._XLAC as X
+    a, b = torch.randn(8, 4), torch.randn(8, 4)
+    xa, xb = a.to("xla"), b.to("xla")
+    met.clear_all()
+    assert "Tensor on host: with size [8, 4]" in X._get_xla_tensor_debug_info(xa)
+    xs.mark_sharding(xa, mesh((4, 1)), (0, 1))
+    assert met.counter_value("VirtualDeviceUsage") == 1
+    assert [tuple(s.data.shape) for s in xs.XLAShardedTensor(xa).local_shards] == [(2, 4)] * 4
+    assert "Tensor on host: with size [8, 4]" in X._get_xla_tensor_debug_info(xb)
+    y = xb * 3
+    info = X._get_xla_tensor_debug_info(xb)
+    assert "Tensor on host: None" in info and "xla::device_data" in info
+    assert met.counter_value("VirtualDeviceUsage") == 2
+    torch.testing.assert_close((xa + y).cpu(), a + b * 3)
+
+
+def test_ops_on_a_sharded_tensor_give_sharded_tensors_and_train_like_cpu():
+    # Results of ops on an XLAShardedTensor are XLAShardedTensors over the result; autograd
+    # runs through them, module backward hooks included, as through plain tensors.
+    torch.manual_seed(0)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(16, 16)
+
+        def forward(self, x):
+            return torch.relu(self.fc(x)) + x
+
+    ref = nn.Sequential(Block(), Block(), nn.Linear(16, 2))
+    x_cpu = torch.randn(8, 16)
+    ref(x_cpu).square().sum().backward()
+    for hooked in (False, True):
+        model = copy.deepcopy(ref).to("xla")
+        model.zero_grad(set_to_none=True)
+        if hooked:
+            for b in model[:2]:
+                b.register_full_backward_hook(lambda mod, gi, go: None)
+        x = xs.mark_sharding(x_cpu.to("xla"), mesh((4, 1)), (0, None))
+        out = model(x)
+        assert isinstance(out, xs.XLAShardedTensor) and str(out).startswith("XLAShardedTensor(")
+        assert not isinstance(out.global_tensor, xs.XLAShardedTensor)
+        torch.testing.assert_close(out.cpu(), ref(x_cpu), rtol=1e-5, atol=1e-5)
+        assert type(out.cpu()) is torch.Tensor
+        out.square().sum().backward()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-5)
+    leaf = xs.XLAShardedTensor(x_cpu.to("xla"), requires_grad=True)
+    (leaf * 3).sum().backward()
+    torch.testing.assert_close(leaf.grad.cpu(), torch.full_like(x_cpu, 3.))

@@ -132,8 +132,10 @@ class DeviceData(Node):
     """A leaf holding a device buffer (`jax.Array`).
 
     In SPMD mode (`shard_aware`) the hash includes the buffer's sharding: a program
-    compiled for one layout of its inputs must not be replayed on another."""
-    __slots__ = ("array", "computed")
+    compiled for one layout of its inputs must not be replayed on another. SPMD data
+    still on the host (`runtime.HostArray`) is sent to the devices, replicated, when a
+    node first uses it (reads its hash), as the original's virtual device uploads it."""
+    __slots__ = ("array", "computed", "_hash", "_host")
     shard_aware = False
 
     def __init__(self, array, aval: Aval):
@@ -145,10 +147,19 @@ class DeviceData(Node):
         self.info = None
         self.array = array
         self.computed = False  # a program's result (SPMD: its layout is XLA's choice, shown)
+        self._host = hasattr(array, "place")
         if DeviceData.shard_aware:
-            self.hash = hash(("data", aval, array.sharding))
+            self._hash = hash(("data", aval, array.sharding))
         else:
-            self.hash = hash(("data", aval))
+            self._hash = hash(("data", aval))
+
+    @property
+    def hash(self) -> int:
+        if self._host:
+            self._host = False
+            if hasattr(self.array, "place"):
+                self.array = self.array.place()
+        return self._hash
 
     @property
     def is_leaf(self) -> bool:

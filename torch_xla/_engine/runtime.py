@@ -244,9 +244,10 @@ def put(host: np.ndarray, device=None):
 
 def fetch(array) -> np.ndarray:
     """Waits for a device buffer and copies it to the host (a sharded one is gathered)."""
-    if _state["placement"] is not None and not array.is_fully_replicated:
+    if _state["placement"] is not None and type(array) is not HostArray and len(array.sharding.device_set) > 1:
+        # Data of the SPMD device (sharded or replicated) read back as one tensor.
         metrics.inc("ReplicateShardedData")
-        if not array.is_fully_addressable:
+        if not array.is_fully_replicated and not array.is_fully_addressable:
             # Other hosts hold some pieces: gather them (every host calls this together).
             from jax.experimental import multihost_utils
             return np.asarray(multihost_utils.process_allgather(array, tiled=True))

@@ -20,10 +20,10 @@ op's common dtype first (PyTorch's elementwise type promotion).
 """
 from __future__ import annotations
 
-from .table import (LOWERINGS, Lowering, LoweringError, apply, check_range, ctx, lowering, out_dtype,
+from .table import (LOWERINGS, Lowering, LoweringError, apply, check_range, check_whole, ctx, lowering, out_dtype,
                     out_shape, rng_key)
 
-__all__ = ["LOWERINGS", "Lowering", "LoweringError", "apply", "check_range", "ctx", "lowering", "out_dtype",
+__all__ = ["LOWERINGS", "Lowering", "LoweringError", "apply", "check_range", "check_whole", "ctx", "lowering", "out_dtype",
            "out_shape", "rng_key", "load_all"]
 
 

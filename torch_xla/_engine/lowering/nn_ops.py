@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from .table import matmul_precision, check_range, lowering, out_dtype, out_shape
+from .table import matmul_precision, check_range, check_whole, lowering, out_dtype, out_shape
 from .reductions import log_softmax_of
 from .nn_common import _fill, _grad_scale, _has_out, _meta_fill, _opmath, _reduce, _tup
 from .pooling import _combine_valid, _gather_windows, _window_index
@@ -292,6 +292,9 @@ def _nll_parts(x, target, weight, ignore_index):
     cax = 0 if x.ndim == 1 else 1
     C = x.shape[cax]
     valid = target != ignore_index
+    if jnp.issubdtype(target.dtype, jnp.floating):
+        # A floating label names class k when it equals k; any other value names none.
+        valid = valid & (target == jnp.floor(target))
     t = jnp.where(valid, target, 0).astype(jnp.int64)
     w = jnp.ones((C,), x.dtype) if weight is None else weight.astype(x.dtype)
     wt = jnp.where(valid, jnp.take(w, t), jnp.zeros((), x.dtype))
@@ -304,7 +307,9 @@ _SCALAR_TYPE = {torch.float32: "Float", torch.float64: "Double", torch.float16: 
 
 
 def _nll_outputs(x, target, reduction, out_shape):
-    if target.dtype not in (torch.int64, torch.uint8):
+    # Class indices: Long or Byte as on the CPU, or floating as PyTorch/XLA takes them
+    # (`zeros(n)` targets are common in its users' code; each value must be whole).
+    if target.dtype not in (torch.int64, torch.uint8) and not target.dtype.is_floating_point:
         raise RuntimeError("expected target dtype to be Long or Byte, but got "
                            f"{_SCALAR_TYPE.get(target.dtype, target.dtype)}")
     shape = out_shape if reduction == 0 else ()
@@ -350,6 +355,9 @@ def nll_loss2d_forward(x, target, weight, reduction, ignore_index):
 def nll_loss_forward(x, target, weight, reduction, ignore_index):
     check_range(target, x.shape[0 if x.ndim == 1 else 1], IndexError, "Target {value} is out of bounds.",
                 nonneg=True, ignore=ignore_index)
+    if jnp.issubdtype(target.dtype, jnp.floating):
+        check_whole(target, ValueError, "Floating targets hold class indices: the target at flat position "
+                    "{pos} is not a whole number.", ignore=ignore_index)
     cax, t, wt = _nll_parts(x, target, weight, ignore_index)
     picked = jnp.take_along_axis(x, jnp.expand_dims(t, cax), axis=cax)
     picked = jnp.squeeze(picked, cax)
@@ -362,7 +370,12 @@ def nll_loss_forward(x, target, weight, reduction, ignore_index):
     return jnp.sum(loss) / total, total
 
 
-@lowering("aten::nll_loss_backward", "aten::nll_loss2d_backward")
+def _nll_backward_meta(g, x, target, weight, reduction, ignore_index, total_weight):
+    # PyTorch's meta kernel scatters with the target, which a floating target cannot be.
+    return x.new_empty(x.shape)
+
+
+@lowering("aten::nll_loss_backward", "aten::nll_loss2d_backward", meta=_nll_backward_meta)
 def nll_loss_backward(g, x, target, weight, reduction, ignore_index, total_weight):
     cax, t, wt = _nll_parts(x, target, weight, ignore_index)
     if reduction == 1:

@@ -122,6 +122,22 @@ def check_range(index, size: int, exc: type, message: str, nonneg: bool = False,
     checks.append((jnp.any(bad), idx[pos], pos, (exc, message, ctx.node)))
 
 
+def check_whole(values, exc: type, message: str, ignore=None) -> None:
+    """Records a device-side check that every element of floating `values` is a whole
+    number (elements equal to `ignore` excepted); `{pos}` in `message` is the first
+    failing element's flat position. A no-op unless the executor asked for checks."""
+    checks = ctx.checks
+    if checks is None or values.size == 0:
+        return
+    import jax.numpy as jnp
+    v = jnp.reshape(values, (-1,))
+    bad = v != jnp.floor(v)
+    if ignore is not None:
+        bad = bad & (v != ignore)
+    pos = jnp.argmax(bad)
+    checks.append((jnp.any(bad), jnp.zeros((), jnp.int64), pos, (exc, message, ctx.node)))
+
+
 class LoweringError(RuntimeError):
     """A lowering failed or returned a value that is not what its op promises."""
 

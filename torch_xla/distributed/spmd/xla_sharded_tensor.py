@@ -167,18 +167,24 @@ class XLAShardedTensor(DTensor):
         def unwrap(x):
             return x.global_tensor if isinstance(x, XLAShardedTensor) else x
 
-        # Results are plain xla tensors (their sharding, if any, is XLA's): autograd makes
-        # shallow copies of subclass results (views, custom Functions) that would lose the
-        # global tensor.
+        # Reached below __torch_function__ only (the autograd engine, custom Functions'
+        # internals): results are plain xla tensors, since autograd makes shallow copies of
+        # subclass results (views, custom Functions) that would lose the global tensor.
         return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        # Plain tensor semantics above the dispatcher (DTensor's own rules do not apply), and
-        # no conversion of results to this class (`as_subclass` would make sharded tensors
-        # without a global tensor): results are wrapped by __torch_dispatch__.
+        # Plain tensor semantics (DTensor's own rules do not apply): the op runs on the
+        # global tensors, so autograd records it as on any xla tensor, and its xla tensor
+        # results come back as sharded tensors over them (`as_subclass` would make sharded
+        # tensors without a global tensor).
         with torch._C.DisableTorchFunctionSubclass():
-            return func(*args, **(kwargs or {}))
+            if func in _OWN and func(*args) is not None:
+                return func(*args)
+            out = func(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs or {}))
+        if func in _KEEP_PLAIN:
+            return out
+        return tree_map(_wrap_result, out) if isinstance(out, (tuple, list)) else _wrap_result(out)
 
     @property
     def _spec(self):
@@ -203,6 +209,62 @@ class XLAShardedTensor(DTensor):
         g = self.global_tensor.clone() if async_op else self.global_tensor
         _sh.annotate(g, mesh.sharding(spec), in_graph=True)
         return XLAShardedTensor(g, mesh_shape=mesh.mesh_shape, partition_spec=spec)
+
+
+class _Wrap(torch.autograd.Function):
+    """Identity from an xla tensor to a sharded tensor over it, for autograd paths that
+    take the sharded tensor itself (custom Functions such as module backward hooks)."""
+
+    @staticmethod
+    def forward(ctx, t):
+        return XLAShardedTensor(t)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.global_tensor if isinstance(g, XLAShardedTensor) else g
+
+
+class _Unwrap(torch.autograd.Function):
+    """Identity from a sharded tensor that autograd recorded itself to its global tensor."""
+
+    @staticmethod
+    def forward(ctx, w):
+        return w.global_tensor.detach()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+_grad_fn = torch.Tensor.grad_fn.__get__
+_requires_grad = torch.Tensor.requires_grad.__get__
+
+
+def _unwrap(x):
+    if not isinstance(x, XLAShardedTensor):
+        return x
+    # The global tensor carries the history, unless autograd recorded the sharded tensor
+    # itself (a leaf that requires grad, or a custom Function's output such as a backward
+    # hook's): then gradients must pass through it.
+    if _requires_grad(x) and torch.is_grad_enabled():
+        fn = _grad_fn(x)
+        if fn is None or type(fn).__name__ != "_WrapBackward":
+            return _Unwrap.apply(x)
+    return x.global_tensor
+
+
+def _wrap_result(x):
+    if type(x) is not torch.Tensor or x.device.type != "xla":
+        return x
+    if x.requires_grad and torch.is_grad_enabled():
+        return _Wrap.apply(x)
+    return XLAShardedTensor(x)
+
+
+# Results given as they are: the tensor's gradient and data.
+_KEEP_PLAIN = frozenset([torch.Tensor.grad.__get__, torch.Tensor.data.__get__])
+# Asked of the sharded tensor itself when autograd recorded it (custom Function outputs).
+_OWN = frozenset([torch.Tensor.grad_fn.__get__, torch.Tensor.grad.__get__])
 
 
 def _dtensor_spec(t: XLAShardedTensor):
