@@ -102,7 +102,7 @@ def test_consolidate_command_line(job):
     torch.testing.assert_close(full, ref.state_dict(), rtol=1e-5, atol=1e-6)
 
 
-def test_consolidate_refuses_checkpoints_of_two_jobs(job, tmp_path):
+def test_consolidate_with_stale_checkpoints_of_another_job(job, tmp_path):
     import shutil
     from torch_xla.distributed.fsdp import consolidate_sharded_model_checkpoints
     _, d = job
@@ -111,12 +111,19 @@ def test_consolidate_refuses_checkpoints_of_two_jobs(job, tmp_path):
     # A stale file of an earlier one-process job matching the same pattern.
     stale = torch.load(next(iter(sorted(d.glob("ckpt_rank-*-of-*.pth")))), weights_only=False)
     stale["shard_metadata"] = dict(stale["shard_metadata"], world_size=1, rank=0)
-    torch.save(stale, tmp_path / "ckpt_rank-00000000-of-00000001.pth")
+    old = tmp_path / "ckpt_rank-00000000-of-00000001.pth"
+    torch.save(stale, old)
+    # The one-process file is newer than the two-process set: which one is meant cannot be told.
     with pytest.raises(ValueError, match=r"different jobs \(world size 1: .*; world size 2: "):
         consolidate_sharded_model_checkpoints(str(tmp_path / "ckpt"), "_rank-*-of-*.pth")
     assert not (tmp_path / "ckpt_consolidated.pth").exists()
-    (tmp_path / "ckpt_rank-00000000-of-00000001.pth").unlink()
-    full, path = consolidate_sharded_model_checkpoints(str(tmp_path / "ckpt"), "_rank-*-of-*.pth")
+    # Older than the two-process set (a stale file of an earlier run): that set is consolidated,
+    # and the stale file named in a warning.
+    os.utime(old, (1, 1))
+    with pytest.warns(UserWarning, match="consolidating the newest complete set"):
+        full, path = consolidate_sharded_model_checkpoints(str(tmp_path / "ckpt"), "_rank-*-of-*.pth")
+    ref, _, _ = _cpu_train(("conv1", "fc1"), clip=lambda p: torch.nn.utils.clip_grad_norm_(p, 0.5))
+    torch.testing.assert_close(full, ref.state_dict(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(torch.load(path)["model"], full)
     assert not list(tmp_path.glob(".*.tmp"))
 

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import glob
+import os
 import re
+import warnings
 from typing import Any, Dict, List, Tuple
 
 import torch
@@ -70,15 +72,29 @@ def consolidate_sharded_model_checkpoints(ckpt_prefix: str, ckpt_suffix: str = "
         raise FileNotFoundError(f"no checkpoint matches {ckpt_prefix + ckpt_suffix}")
     paths = [p for p in paths if not re.search(r"_consolidated\.pth$", p)]
     ckpts = [torch.load(p, map_location="cpu", weights_only=False) for p in paths]
-    by_world: Dict[int, List[str]] = {}
-    for p, c in zip(paths, ckpts):
-        by_world.setdefault(c["shard_metadata"]["world_size"], []).append(p)
+    by_world: Dict[int, List[int]] = {}
+    for i, c in enumerate(ckpts):
+        by_world.setdefault(c["shard_metadata"]["world_size"], []).append(i)
     if len(by_world) > 1:
-        # Files of an earlier job with another world size match the pattern too: which set is
-        # meant cannot be told, so none is guessed.
-        found = "; ".join(f"world size {w}: {', '.join(ps)}" for w, ps in sorted(by_world.items()))
-        raise ValueError(f"{ckpt_prefix + ckpt_suffix} matches checkpoints of different jobs ({found}); "
-                         "remove the stale files or narrow ckpt_suffix")
+        # Files of an earlier job with another world size match the pattern too (a script run
+        # again with another number of processes, writing to the same place). The set to
+        # consolidate is the one complete set written after every other file; the others are
+        # named in a warning. Without such a set, which one is meant cannot be told.
+        mtime = [os.path.getmtime(p) for p in paths]
+        found = "; ".join(f"world size {w}: {', '.join(paths[i] for i in ix)}" for w, ix in sorted(by_world.items()))
+        chosen = None
+        for w, ix in by_world.items():
+            complete = sorted(ckpts[i]["shard_metadata"]["rank"] for i in ix) == list(range(w))
+            others = [mtime[j] for j in range(len(paths)) if j not in ix]
+            if complete and min(mtime[i] for i in ix) > max(others):
+                chosen = ix
+        if chosen is None:
+            raise ValueError(f"{ckpt_prefix + ckpt_suffix} matches checkpoints of different jobs ({found}); "
+                             "remove the stale files or narrow ckpt_suffix")
+        warnings.warn(f"{ckpt_prefix + ckpt_suffix} matches checkpoints of different jobs ({found}); "
+                      f"consolidating the newest complete set ({', '.join(paths[i] for i in chosen)})")
+        paths = [paths[i] for i in chosen]
+        ckpts = [ckpts[i] for i in chosen]
     full = consolidate_sharded_state_dicts([c["model"] for c in ckpts], [c["shard_metadata"] for c in ckpts])
     save_path = save_path or ckpt_prefix + "_consolidated.pth"
     if save_model:
