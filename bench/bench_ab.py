@@ -32,7 +32,8 @@ METRICS = {
     "mm_chain": ("bench_tracing", {"chain": "mm_chain"},
                  [("cpu_us_per_op", "tracing us/op, CPU time")]),
     "mnist": ("bench_training", {"model": "mnist"},
-              [("step_ms", "training step ms"), ("samples_s", "samples/s (higher is better)")]),
+              [("step_ms", "training step ms"), ("samples_s", "samples/s (higher is better)"),
+               ("compile_s", "compile s, all programs of the run"), ("first_step_s", "first step s")]),
     "decoder": ("bench_training", {"model": "decoder"}, [("step_ms", "training step ms")]),
 }
 GROUPS = {"tracing": ["add", "mm_chain"]}

@@ -40,6 +40,9 @@ def error_output(checks: list):
     import jax.numpy as jnp
     if not checks:
         return jnp.zeros((3,), jnp.int64)
+    if len(checks) == 1:
+        flag, value, pos, _ = checks[0]
+        return jnp.stack([flag.astype(jnp.int64), value.astype(jnp.int64), pos.astype(jnp.int64)])
     flags = jnp.stack([c[0] for c in checks])
     first = jnp.argmax(flags)
     values = jnp.stack([c[1].astype(jnp.int64) for c in checks])

@@ -114,12 +114,20 @@ def check_range(index, size: int, exc: type, message: str, nonneg: bool = False,
     if checks is None or index.size == 0:
         return
     import jax.numpy as jnp
+    import numpy as np
+    from jax import lax
     idx = jnp.reshape(index, (-1,))
+    n = idx.shape[0]
+    it = np.int32 if n < 2 ** 31 - 1 else np.int64
     bad = (idx < (0 if nonneg else -size)) | (idx >= size)
     if ignore is not None:
         bad = bad & (idx != ignore)
-    pos = jnp.argmax(bad)
-    checks.append((jnp.any(bad), idx[pos], pos, (exc, message, ctx.node)))
+    # The first failing position as one min-reduction (n when none fails): cheaper to
+    # compile than argmax's (value, index) reduction plus a separate any().
+    pos = jnp.min(jnp.where(bad, lax.iota(it, n), it(n)))
+    first = jnp.minimum(pos, it(n - 1))
+    checks.append((pos < n, lax.dynamic_index_in_dim(idx, first, keepdims=False), first,
+                   (exc, message, ctx.node)))
 
 
 def check_whole(values, exc: type, message: str, ignore=None) -> None:
