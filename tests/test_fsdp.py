@@ -108,18 +108,21 @@ def test_consolidate_with_stale_checkpoints_of_another_job(job, tmp_path):
     _, d = job
     for p in d.glob("ckpt_rank-*-of-*.pth"):
         shutil.copy(p, tmp_path / p.name)
-    # A stale file of an earlier one-process job matching the same pattern.
+    # A stale file of an earlier one-process job matching the same pattern, older than the
+    # two-process set.
     stale = torch.load(next(iter(sorted(d.glob("ckpt_rank-*-of-*.pth")))), weights_only=False)
     stale["shard_metadata"] = dict(stale["shard_metadata"], world_size=1, rank=0)
     old = tmp_path / "ckpt_rank-00000000-of-00000001.pth"
     torch.save(stale, old)
-    # The one-process file is newer than the two-process set: which one is meant cannot be told.
+    os.utime(old, (1, 1))
+    # Without a complete set newer than every other file, which one is meant cannot be told.
+    rank1 = tmp_path / "ckpt_rank-00000001-of-00000002.pth"
+    rank1.rename(tmp_path / "aside")
     with pytest.raises(ValueError, match=r"different jobs \(world size 1: .*; world size 2: "):
         consolidate_sharded_model_checkpoints(str(tmp_path / "ckpt"), "_rank-*-of-*.pth")
     assert not (tmp_path / "ckpt_consolidated.pth").exists()
-    # Older than the two-process set (a stale file of an earlier run): that set is consolidated,
-    # and the stale file named in a warning.
-    os.utime(old, (1, 1))
+    # With it: that set is consolidated, and the stale file named in a warning.
+    (tmp_path / "aside").rename(rank1)
     with pytest.warns(UserWarning, match="consolidating the newest complete set"):
         full, path = consolidate_sharded_model_checkpoints(str(tmp_path / "ckpt"), "_rank-*-of-*.pth")
     ref, _, _ = _cpu_train(("conv1", "fc1"), clip=lambda p: torch.nn.utils.clip_grad_norm_(p, 0.5))
