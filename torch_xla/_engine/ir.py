@@ -134,8 +134,9 @@ class DeviceData(Node):
     In SPMD mode (`shard_aware`) the hash includes the buffer's sharding: a program
     compiled for one layout of its inputs must not be replayed on another. SPMD data
     still on the host (`runtime.HostArray`) is sent to the devices, replicated, when a
-    node first uses it (reads its hash), as the original's virtual device uploads it."""
-    __slots__ = ("array", "computed", "_hash", "_host")
+    node first uses it (reads its hash: `upload_host_data_on_use`), as the original's
+    virtual device uploads it."""
+    __slots__ = ("array", "computed", "_host")
     shard_aware = False
 
     def __init__(self, array, aval: Aval):
@@ -148,22 +149,33 @@ class DeviceData(Node):
         self.array = array
         self.computed = False  # a program's result (SPMD: its layout is XLA's choice, shown)
         self._host = hasattr(array, "place")
+        # Through Node's slot: in SPMD mode `DeviceData.hash` is a property without a setter.
         if DeviceData.shard_aware:
-            self._hash = hash(("data", aval, array.sharding))
+            _NODE_HASH.__set__(self, hash(("data", aval, array.sharding)))
         else:
-            self._hash = hash(("data", aval))
-
-    @property
-    def hash(self) -> int:
-        if self._host:
-            self._host = False
-            if hasattr(self.array, "place"):
-                self.array = self.array.place()
-        return self._hash
+            _NODE_HASH.__set__(self, hash(("data", aval)))
 
     @property
     def is_leaf(self) -> bool:
         return True
+
+
+_NODE_HASH = Node.hash   # the slot every node keeps its hash in
+
+
+def _hash_uploading_host_data(self: DeviceData) -> int:
+    if self._host:
+        self._host = False
+        if hasattr(self.array, "place"):
+            self.array = self.array.place()
+    return _NODE_HASH.__get__(self)
+
+
+def upload_host_data_on_use() -> None:
+    """SPMD mode (the only one with host data, `runtime.HostArray`): a DeviceData's first
+    hash read, its first use by a node, sends its host data to the devices. Outside SPMD
+    the hash stays a plain slot read, on the path of every traced op."""
+    DeviceData.hash = property(_hash_uploading_host_data)
 
 
 _SCALAR_LEAF = {}   # dtype -> (avals, hash) of its ScalarParams

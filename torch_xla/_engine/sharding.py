@@ -46,6 +46,7 @@ def enable() -> None:
             "process per host")
     mode.SPMD[0] = True
     ir.DeviceData.shard_aware = True
+    ir.upload_host_data_on_use()
     rep = _state["replicated"] = replicated_sharding()
     runtime.set_placement(rep)
 
