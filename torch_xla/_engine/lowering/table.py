@@ -114,20 +114,11 @@ def check_range(index, size: int, exc: type, message: str, nonneg: bool = False,
     if checks is None or index.size == 0:
         return
     import jax.numpy as jnp
-    import numpy as np
-    from jax import lax
     idx = jnp.reshape(index, (-1,))
-    n = idx.shape[0]
-    it = np.int32 if n < 2 ** 31 - 1 else np.int64
     bad = (idx < (0 if nonneg else -size)) | (idx >= size)
     if ignore is not None:
         bad = bad & (idx != ignore)
-    # The first failing position as one min-reduction (n when none fails): cheaper to
-    # compile than argmax's (value, index) reduction plus a separate any().
-    pos = jnp.min(jnp.where(bad, lax.iota(it, n), it(n)))
-    first = jnp.minimum(pos, it(n - 1))
-    checks.append((pos < n, lax.dynamic_index_in_dim(idx, first, keepdims=False), first,
-                   (exc, message, ctx.node)))
+    _record_first(checks, bad, idx, exc, message)
 
 
 def check_whole(values, exc: type, message: str, ignore=None) -> None:
@@ -142,8 +133,23 @@ def check_whole(values, exc: type, message: str, ignore=None) -> None:
     bad = v != jnp.floor(v)
     if ignore is not None:
         bad = bad & (v != ignore)
-    pos = jnp.argmax(bad)
-    checks.append((jnp.any(bad), jnp.zeros((), jnp.int64), pos, (exc, message, ctx.node)))
+    _record_first(checks, bad, None, exc, message)
+
+
+def _record_first(checks: list, bad, flat, exc: type, message: str) -> None:
+    """Appends the check (failed?, value, position) of the first True of the flat `bad`;
+    the value is `flat`'s element there (0 without `flat`)."""
+    import jax.numpy as jnp
+    import numpy as np
+    from jax import lax
+    n = bad.shape[0]
+    it = np.int32 if n < 2 ** 31 - 1 else np.int64
+    # The first failing position as one min-reduction (n when none fails): cheaper to
+    # compile than argmax's (value, index) reduction plus a separate any().
+    pos = jnp.min(jnp.where(bad, lax.iota(it, n), it(n)))
+    first = jnp.minimum(pos, it(n - 1))
+    value = jnp.zeros((), jnp.int64) if flat is None else lax.dynamic_index_in_dim(flat, first, keepdims=False)
+    checks.append((pos < n, value, first, (exc, message, ctx.node)))
 
 
 class LoweringError(RuntimeError):
