@@ -179,8 +179,10 @@ class XLAShardedTensor(DTensor):
         # results come back as sharded tensors over them (`as_subclass` would make sharded
         # tensors without a global tensor).
         with torch._C.DisableTorchFunctionSubclass():
-            if func in _OWN and func(*args) is not None:
-                return func(*args)
+            if func in _OWN:
+                own = func(*args)
+                if own is not None:
+                    return own
             out = func(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs or {}))
         if func in _KEEP_PLAIN:
             return out
