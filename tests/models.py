@@ -236,6 +236,17 @@ def mlp(*hidden: int) -> nn.Sequential:
     return nn.Sequential(*layers, nn.Linear(widths[-1], 4))
 
 
+class ResidualBlock(nn.Module):
+    """relu(fc(x)) + x over 16 features: a layer FSDPv2 wraps and module hooks attach to."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x)) + x
+
+
 def mlp_batches(steps, batch=16, seed=1):
     g = torch.Generator().manual_seed(seed)
     return [(torch.randn(batch, 16, generator=g), torch.randint(0, 4, (batch,), generator=g))

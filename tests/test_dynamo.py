@@ -52,6 +52,15 @@ class _NodeCount:
         return self.calls + _op_events() - self.events
 
 
+def _backward_step(loss_fn):
+    """One step's forward and backward of `model` on (x, y); returns the loss."""
+    def step(model, x, y):
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        return loss
+    return step
+
+
 def test_spec_add_sample_cpu_inputs():
     def add(a, b):
         return a.to(xm.xla_device()) + b.to(xm.xla_device())
@@ -78,11 +87,7 @@ def test_mnist_training_matches_cpu_and_steady_loop_compiles_nothing():
     opt_c = torch.optim.SGD(cpu.parameters(), lr=0.05, momentum=0.9)
     opt_d = torch.optim.SGD(dev.parameters(), lr=0.05, momentum=0.9)
 
-    def step(model, x, y):
-        loss = F.nll_loss(model(x), y)
-        loss.backward()
-        return loss
-
+    step = _backward_step(F.nll_loss)
     cstep = torch.compile(step, backend="openxla")
     for i, (x, y) in enumerate(mnist_data(5)):
         if i == 3:
@@ -128,11 +133,7 @@ def test_resnet_training_matches_cpu():
     opt_c = torch.optim.SGD(cpu.parameters(), lr=0.05, momentum=0.9)
     opt_d = torch.optim.SGD(dev.parameters(), lr=0.05, momentum=0.9)
 
-    def step(model, x, y):
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        return loss
-
+    step = _backward_step(F.cross_entropy)
     cstep = torch.compile(step, backend="openxla")
     for x, y in image_data(3, batch=4):
         opt_c.zero_grad()

@@ -11,6 +11,7 @@ import torch_xla.core.xla_model as xm
 import torch_xla.distributed.spmd as xs
 import torch_xla.runtime as xr
 from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel as FSDPv2
+from models import ResidualBlock
 
 N = xr.global_runtime_device_count()
 
@@ -92,19 +93,10 @@ def test_fsdp_v2_errors():
         FSDPv2(wrapped, _mesh())
 
 
-class _Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(16, 16)
-
-    def forward(self, x):
-        return torch.relu(self.fc(x)) + x
-
-
 class _Net(nn.Module):
     def __init__(self):
         super().__init__()
-        self.blocks = nn.ModuleList(_Block() for _ in range(3))
+        self.blocks = nn.ModuleList(ResidualBlock() for _ in range(3))
         self.head = nn.Linear(16, 4)
 
     def forward(self, x, y):
@@ -134,7 +126,7 @@ def test_documented_samples_auto_wrap_checkpoint_and_shard_output():
         for p in my_module.parameters():
             p.grad = None
         if build == "auto_wrap":
-            policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={_Block})
+            policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={ResidualBlock})
             model = FSDPv2(my_module, mesh=mesh, auto_wrap_policy=policy)
             assert isinstance(model.module.blocks[0], FSDPv2)
         elif build == "checkpoint":

@@ -13,7 +13,7 @@ import torch_xla.debug.metrics as met
 import torch_xla.distributed.parallel_loader as pl
 import torch_xla.distributed.spmd as xs
 import torch_xla.runtime as xr
-from models import Decoder, lm_data, lm_loss, mlp, mlp_batches, train_classifier
+from models import Decoder, ResidualBlock, lm_data, lm_loss, mlp, mlp_batches, train_classifier
 
 N = xr.global_runtime_device_count()
 
@@ -534,16 +534,7 @@ def test_ops_on_a_sharded_tensor_give_sharded_tensors_and_train_like_cpu():
     # Results of ops on an XLAShardedTensor are XLAShardedTensors over the result; autograd
     # runs through them, module backward hooks included, as through plain tensors.
     torch.manual_seed(0)
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(16, 16)
-
-        def forward(self, x):
-            return torch.relu(self.fc(x)) + x
-
-    ref = nn.Sequential(Block(), Block(), nn.Linear(16, 2))
+    ref = nn.Sequential(ResidualBlock(), ResidualBlock(), nn.Linear(16, 2))
     x_cpu = torch.randn(8, 16)
     ref(x_cpu).square().sum().backward()
     for hooked in (False, True):
