@@ -143,22 +143,28 @@ def register_mark_tensor(library) -> None:
 
 # A buffer donation inside a compiled function: `torch.ops.xla.dynamo_set_buffer_donor_(t, True)`
 # marks `t`'s device buffer as a donor (`_XLAC._set_buffer_donation`) when the graph is
-# traced, so the program compiled for it donates that input at every run. Tensors of other
-# devices (Dynamo's fake tensors) pass through unchanged.
+# traced, so the program compiled for it donates that input at every run. The result is a
+# new tensor of the same value (a custom op's output may not alias its input: aot_autograd
+# checks it and refuses under `TORCHINDUCTOR_ERROR_ON_CUSTOM_OP_ALIASING` / `CI`); on the
+# xla device that clone is a new tensor over the same IR value, no graph node. The op is
+# registered as side-effecting so that graph passes keep it when its result is unused.
 BUFFER_DONOR = "dynamo_set_buffer_donor_(Tensor t, bool should_donate) -> Tensor"
 
 
 def _set_buffer_donor_xla(t, should_donate):
     from ..executor import donation
     donation.set_donor(t, bool(should_donate))
-    return t
+    return t.clone()
 
 
 def _set_buffer_donor_other(t, should_donate):
-    return t
+    return t.clone()
 
 
 def register_buffer_donor(library) -> None:
     library.define("xla", BUFFER_DONOR)
     library.impl_ns("xla", "dynamo_set_buffer_donor_", _set_buffer_donor_xla, "PrivateUse1")
     library.impl_ns("xla", "dynamo_set_buffer_donor_", _set_buffer_donor_other, "CompositeExplicitAutograd")
+    # Its result is usually unused: without this, FX dead-code elimination drops the call.
+    import torch.fx.node
+    torch.fx.node.has_side_effect(torch.ops.xla.dynamo_set_buffer_donor_.default)
