@@ -7,7 +7,10 @@ Traces one training step (or, with --inference, one forward) of a benchmark mode
 device, lowers it once, compiles it once per variant (`Lowered.compile(compiler_options=
 ...)`: XLA debug options by name) and runs the executables in alternation (A, B, A, B,
 ...) on the same buffers, so the drift of a shared machine hits every variant alike.
-Prints compile time and the median / min of the execution times per variant.
+Each variant is compiled `--compiles` times (variants alternating); prints the median
+compile wall time and process CPU time (XLA compiles on a thread pool: CPU time counts
+every thread), the median / min of the execution times, and whether the variant's outputs
+equal the first variant's bit for bit.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--inference", action="store_true", help="the forward only (eval, no_grad)")
     p.add_argument("--quick", action="store_true", help="quick sizes, 2 rounds")
+    p.add_argument("--compiles", type=int, default=3, help="compilations per variant (medians reported)")
     args = p.parse_args(argv)
     import jax
     import torch
@@ -47,13 +51,24 @@ def main(argv=None):
     print(f"`PJRT_DEVICE=CPU python bench/bench_xla_options.py --model {args.model} "
           f"--variants '{args.variants}'{' --inference' if args.inference else ''}"
           f"{' --quick' if args.quick else ''}`\n")
-    print("| variant | options | compile s | step ms (median) | step ms (min) |")
-    print("|---|---|---|---|---|")
-    compile_s = {}
-    for name, opts in variants.items():
-        t0 = time.perf_counter()
-        exes[name] = lowered.compile(compiler_options=opts) if opts else lowered.compile()
-        compile_s[name] = time.perf_counter() - t0
+    print("| variant | options | compile s (wall) | compile s (CPU) | step ms (median) | step ms (min) "
+          "| outputs = first variant's |")
+    print("|---|---|---|---|---|---|---|")
+    import numpy as np
+    compile_s = {k: [] for k in variants}
+    compile_cpu = {k: [] for k in variants}
+    for _ in range(max(1, args.compiles)):
+        for name, opts in variants.items():
+            # A real compilation each time: jax keeps executables per lowering and options.
+            jax.clear_caches()
+            t0, c0 = time.perf_counter(), time.process_time()
+            exes[name] = lowered.compile(compiler_options=dict(opts))
+            compile_s[name].append(time.perf_counter() - t0)
+            compile_cpu[name].append(time.process_time() - c0)
+    outs = {k: [np.asarray(o) for o in jax.tree_util.tree_leaves(exe(*params))] for k, exe in exes.items()}
+    first = next(iter(outs.values()))
+    same = {k: all(a.shape == b.shape and a.tobytes() == b.tobytes() for a, b in zip(v, first))
+            for k, v in outs.items()}
     times = {k: [] for k in exes}
     for _ in range(rounds):
         for name, exe in exes.items():
@@ -62,8 +77,9 @@ def main(argv=None):
             jax.block_until_ready(exe(*params))
             times[name].append(time.perf_counter() - t0)
     for name in exes:
-        print(f"| {name} | `{json.dumps(variants[name])}` | {compile_s[name]:.1f} | "
-              f"{statistics.median(times[name]) * 1e3:.1f} | {min(times[name]) * 1e3:.1f} |")
+        print(f"| {name} | `{json.dumps(variants[name])}` | {statistics.median(compile_s[name]):.2f} | "
+              f"{statistics.median(compile_cpu[name]):.2f} | {statistics.median(times[name]) * 1e3:.1f} | "
+              f"{min(times[name]) * 1e3:.1f} | {'yes' if same[name] else 'no'} |")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,11 @@ import torch  # noqa: E402,F401
 import torch_xla  # noqa: E402,F401
 import torch_xla.core.xla_model as xm  # noqa: E402,F401
 
+# As strict as CI (where PyTorch turns it on from the `CI` variable): a custom op whose
+# output aliases an input is an error, not a warning.
+import torch._functorch.config  # noqa: E402
+torch._functorch.config.error_on_custom_op_aliasing = True
+
 
 @pytest.fixture
 def dev():

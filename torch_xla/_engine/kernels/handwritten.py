@@ -150,8 +150,13 @@ def k_set_source(self, source):
 # not say so, so functionalization hands it to the backend as is and a pure lowering would
 # lose the update. Its kernel is therefore a Python one: it runs the functional variant
 # (which returns the new statistics) and writes them into the (inner) stats tensors, the
-# way `copy_` does. It is registered with the other hand-written kernels.
+# way `copy_` does. It is registered with the other hand-written kernels, and counts as
+# `xla::native_batch_norm` (the op the user's batch norm reaches, whichever entry).
+_BN_COUNT = metrics.cell("xla::native_batch_norm")
+
+
 def k_native_batch_norm(x, w, b, rm, rv, training, momentum, eps):
+    _BN_COUNT[0] += 1
     aten = torch.ops.aten
     # The saved statistics have the running statistics' dtype (the input's without them)
     # and are empty in evaluation mode, as on the CPU.
