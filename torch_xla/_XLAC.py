@@ -97,7 +97,8 @@ def _xla_sync_multi(tensors, devices=(), wait=True, sync_xla_data=True):
 
 
 def _xla_get_default_device() -> str:
-    return "xla:0"
+    from ._engine import runtime
+    return f"xla:{runtime.device_index()}"
 
 
 def _xla_graph_executor_cache_size() -> int:
@@ -134,7 +135,7 @@ def _get_xla_tensor_debug_info(t: torch.Tensor) -> str:
         return "Not a XLATensor\n"
     s = state_of(g)
     lines = ["XLATensor {", f"TensorID: {id(s)}",
-             f"Device: {'SPMD:0' if _mode.SPMD[0] else 'xla:0'}",
+             f"Device: {'SPMD:0' if _mode.SPMD[0] else g.device}",
              f"XLA Shape: {_dt(s.dtype)}[{','.join(map(str, s.shape))}]"]
     from ._engine import runtime as _rt
     if type(s.node) is ir.DeviceData and type(s.node.array) is _rt.HostArray:
@@ -151,7 +152,7 @@ def _get_xla_tensor_debug_info(t: torch.Tensor) -> str:
         lines.append("IR: None" if s.node.computed else "IR: xla::device_data")
         lines.append("XLAShardedData" if sharded else "XLAData:")
         lines.append(f"  Data Handle: {'Deleted' if arr.is_deleted() else id(arr)}")
-        lines.append(f"  Data Device: {'SPMD:0' if _mode.SPMD[0] else 'xla:0'}")
+        lines.append(f"  Data Device: {'SPMD:0' if _mode.SPMD[0] else g.device}")
         lines.append(f"  Data Shape: {_dt(s.dtype)}[{','.join(map(str, s.shape))}]")
         if sharded:
             sh = _sh.annotation(g) or arr.sharding
@@ -338,9 +339,9 @@ def _xla_tensors_from_aten(tensors: List[torch.Tensor], devices: List[str]) -> L
 
 def _xla_real_devices(devices: List[str]) -> List[str]:
     """The hardware devices (`CPU:0`, `TPU:1`...) behind xla devices."""
-    from ._api import real_devices
+    from ._api import _device_position, real_devices
     real = real_devices()
-    return [real[torch.device(d).index or 0] for d in devices]
+    return [real[_device_position(d)] for d in devices]
 
 
 def _get_xla_tensor_dimension_size(t: torch.Tensor, dim: int) -> torch.Tensor:

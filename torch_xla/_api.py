@@ -12,18 +12,23 @@ from ._engine.executor import analysis
 
 
 def device(index: Optional[int] = None) -> torch.device:
-    """Returns a given instance of an XLA device (`xla:0` by default)."""
+    """Returns a given instance of an XLA device: this process's device by default.
+
+    `index` counts this process's devices (`torch_xla.devices()`), as in PyTorch/XLA: in
+    a multi-process job on CPU, process i has one device, `xla:i`, which `device()` and
+    `device(0)` return."""
     if index is None:
-        index = 0
-    n = runtime.device_count()
-    if index < 0 or index >= max(n, 1):
-        raise IndexError(f"xla device index {index} out of range: this process has {n} device(s)")
-    return torch.device("xla", index)
+        return torch.device("xla", runtime.device_index())
+    mine = runtime.device_indices()
+    if index < 0 or index >= max(len(mine), 1):
+        raise IndexError(f"xla device index {index} out of range: this process has {len(mine)} "
+                         f"device(s), {', '.join(f'xla:{i}' for i in mine)}")
+    return torch.device("xla", mine[index])
 
 
 def devices() -> List[torch.device]:
     """All XLA devices visible to this process."""
-    return [torch.device("xla", i) for i in range(runtime.device_count())]
+    return [torch.device("xla", i) for i in runtime.device_indices()]
 
 
 def device_count() -> int:
@@ -32,9 +37,22 @@ def device_count() -> int:
 
 
 def real_devices() -> List[str]:
-    """The hardware devices behind the XLA devices, e.g. ['CPU:0']."""
+    """The hardware devices behind this process's XLA devices, e.g. ['CPU:0'] (named by
+    their xla index: process i of a multi-process CPU job has 'CPU:i')."""
     p = runtime.platform()
-    return [f"{p}:{i}" for i in range(runtime.device_count())]
+    return [f"{p}:{i}" for i in runtime.device_indices()]
+
+
+def _device_position(d) -> int:
+    """The position of xla device `d` among this process's devices (`devices()`); an index
+    without a device here (another process's) is a RuntimeError."""
+    d = torch.device(d)
+    if d.index is None:
+        return 0
+    mine = runtime.device_indices()
+    if d.index not in mine:
+        raise RuntimeError(runtime.device_error(d))
+    return mine.index(d.index)
 
 
 def is_xla_tensor(t: Any) -> bool:

@@ -307,7 +307,7 @@ def exported_program_to_stablehlo(exported: torch.export.ExportedProgram,
         args, kwargs = exported.example_inputs
     user_leaves, in_spec = pytree.tree_flatten((args, kwargs))
     dynamic = _dynamic_dims(exported, user_leaves)
-    dev = torch.device("xla", 0)
+    dev = torch.device("xla", runtime.device_index())
     xla_weights = [weights[n].to(dev) for n in weight_names]
     user_out_pos = [i for i, s in enumerate(sig.output_specs) if s.kind.name == "USER_OUTPUT"]
     gm = exported.graph_module

@@ -84,7 +84,9 @@ class DeviceModule:
 
     @staticmethod
     def current_device() -> int:
-        return 0
+        """The index of this process's device (`xla:<index>`, runtime.device_index), so
+        that `torch.device("xla", torch.xla.current_device())` is the device it computes on."""
+        return runtime.device_index()
 
     @staticmethod
     def _is_in_bad_fork() -> bool:

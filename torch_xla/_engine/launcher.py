@@ -91,6 +91,9 @@ def _child_main(rank: int, env: Dict[str, str], parent_pid: int, workdir: str, f
                 args: tuple, eager_init: bool) -> None:
     """Entry point of a spawned replica."""
     config.update(env)
+    # A forked replica inherits its parent's device index (xla:0) if the parent asked for
+    # its device; this replica's index follows from its rank (runtime.device_index).
+    runtime.forget_device_index()
     try:
         os.setpgrp()  # own process group: the parent can stop this child and its helpers at once
     except OSError:

@@ -92,6 +92,14 @@ REGISTRY: List[Patch] = [
           "traced ops keep Python objects alive until the barrier: the collector's passes "
           "rescanned them and the imports' ~370k objects (63% of tracing time at 20k pending "
           "ops, `bench/bench_gc.py`)"),
+    Patch("inline_backward", "the autograd engine's `run_backward` "
+          "(`torch.autograd.Variable._execution_engine`): multithreading off during each call",
+          "first xla device use of a process of a multi-process CPU job", None,
+          "there a process's device is `xla:<global ordinal>`; PyTorch's autograd engine keeps "
+          "one worker queue per device index that the device guard reports, and a Python "
+          "device guard reports one, so a gradient on `xla:1` would fail its internal assert. "
+          "With multithreading off the engine runs the backward in the calling thread, as it "
+          "does for CPU tensors. Every replica of the job, `xla:0` too, runs it that way"),
     Patch("xla_process_group", "`torch.distributed`: backend `xla` and the `xla://` rendezvous",
           "import of torch_xla.distributed.xla_backend", None,
           "the documented `init_process_group('xla', init_method='xla://')`"),
@@ -215,6 +223,40 @@ def after_jax_start() -> None:
         lazy_dynamo_disable()   # before gc.freeze(), which hides what it looks for
     if enabled("tune_gc"):
         tune_gc()
+
+
+# ---- inline_backward ----------------------------------------------------------------------------
+
+class _InlineBackwardEngine:
+    """Stands for PyTorch's autograd engine object: `run_backward` runs with the engine's
+    multithreading off (a thread-local flag, restored after), everything else is the engine's."""
+
+    def __init__(self, engine):
+        self._engine = engine
+
+    def run_backward(self, *args, **kwargs):
+        was = torch._C._is_multithreading_enabled()
+        torch._C._set_multithreading_enabled(False)
+        try:
+            return self._engine.run_backward(*args, **kwargs)
+        finally:
+            torch._C._set_multithreading_enabled(was)
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
+def install_inline_backward() -> None:
+    """`inline_backward` (idempotent)."""
+    from torch.autograd.variable import Variable
+    engine = Variable._execution_engine
+    if isinstance(engine, _InlineBackwardEngine):
+        return
+    if not (hasattr(engine, "run_backward") and hasattr(torch._C, "_set_multithreading_enabled")):
+        warnings.warn("torch_xla: not patching the autograd engine: it looks different; a backward "
+                      "on a device other than xla:0 may fail")
+        return
+    Variable._execution_engine = _InlineBackwardEngine(engine)
 
 
 # ---- tune_gc ----------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ import numpy as np
 import ml_dtypes
 import torch
 
-from . import boot, config, metrics, mode
+from . import boot, config, job, metrics, mode, patches, tensor
+from .platform import policy
 
 _state = {"devices": None, "platform": None, "placement": None}
 
@@ -62,6 +63,71 @@ def device_count() -> int:
 
 def default_device():
     return local_devices()[0]
+
+
+# ---------------------------------------------------------------------------------------
+# the device index: this process's device is `xla:<index>`
+
+def _platform_name() -> str:
+    """The platform, from PJRT_DEVICE when set (without starting jax), else jax's."""
+    chosen = config.get("PJRT_DEVICE").split("_")[0].upper()
+    if chosen:
+        return {"GPU": "CUDA"}.get(chosen, chosen)
+    return platform()
+
+
+def _decide_device_index() -> int:
+    """The index of this process's device, decided once, before its first tensor.
+
+    One process alone, and SPMD mode (one logical device over the job's), use `xla:0`.
+    In a multi-process job the platform policy decides: PyTorch/XLA numbers a device by
+    its index among the devices of the process that drives it, which on CPU (one process
+    with a thread per device there, a process per device here) is the replica's global
+    ordinal, and on GPU and TPU (a process per device there too) is 0.
+    """
+    if mode.spmd_requested() or job.world_size() <= 1:
+        return 0
+    pol = policy(_platform_name())
+    if not pol.ordinal_device_index:
+        return 0
+    # Every replica of the job, whatever its index, runs the backward the same way (see
+    # the patch); the index itself is the replica's place in the job.
+    patches.install_inline_backward()
+    return pol.device_index(job.global_ordinal())
+
+
+tensor.set_index_resolver(_decide_device_index)
+
+
+def device_index() -> int:
+    """This process's device index: its device is `xla:<index>` (decided at first use)."""
+    i = tensor.DEVICE_INDEX[0]
+    return tensor.device_index() if i is None else i
+
+
+def device_indices() -> list:
+    """The indices of this process's `xla` devices (`torch_xla.devices()`): from its
+    device index on, one per device it shows."""
+    base = device_index()
+    return list(range(base, base + device_count()))
+
+
+def forget_device_index() -> None:
+    """Decide the index again at the next use: a launched replica forked from a parent
+    that had asked for its device. Tensors made before (the parent's) keep theirs."""
+    if not tensor.tensors_made():
+        tensor.set_device_index(None)
+
+
+def device_error(device) -> str:
+    """Why `device` (an xla device naming another index) cannot be used here."""
+    mine = device_index()
+    if job.world_size() > 1 and device.index not in device_indices():
+        return (f"{device} is not a device of this process: process {job.global_ordinal()} of the "
+                f"{job.world_size()}-process job has one device, xla:{mine} (torch_xla.device()); "
+                f"each process of a multi-process job computes on its own device")
+    return (f"{device}: each process of torch-xla-jax computes on one device, xla:{mine}; use one "
+            f"process per device (torch_xla.launch / xmp.spawn) to use several")
 
 
 # ---------------------------------------------------------------------------------------

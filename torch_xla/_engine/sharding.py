@@ -44,6 +44,14 @@ def enable() -> None:
             "xr.use_spmd() cannot be mixed with the multi-process replication API "
             "(torch_xla.launch / xmp.spawn): SPMD runs one program over all devices from one "
             "process per host")
+    decided = _tensor.DEVICE_INDEX[0]
+    if decided:
+        # A replica of a CPU job named its device xla:<rank> before SPMD was asked for;
+        # SPMD's one logical device is xla:0.
+        if _tensor.tensors_made():
+            raise RuntimeError(f"xr.use_spmd() must come before this process's first xla tensor: its "
+                               f"tensors are on xla:{decided}, while SPMD's one device is xla:0")
+        _tensor.set_device_index(None)
     mode.SPMD[0] = True
     ir.DeviceData.shard_aware = True
     ir.upload_host_data_on_use()

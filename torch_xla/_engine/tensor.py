@@ -1,21 +1,29 @@
-"""XLA tensors: plain `torch.Tensor`s on `xla:0` whose lazy state rides on the Python object.
+"""XLA tensors: plain `torch.Tensor`s on `xla:<index>` whose lazy state rides on the Python object.
 
 A tensor made here has sizes and strides but no storage. Its state, `t._xla`, is an
 `XlaState`: an IR value (node, output index) that is either a `DeviceData` leaf
 (materialised) or a pending op. User-visible tensors are wrapped in PyTorch's
 functionalization, which turns views and in-place ops into functional ops before
 they reach the backend; the engine itself only ever sees the inner tensors.
+
+Every tensor of a process is on its one device, `xla:<index>`. The index is 0 unless the
+runtime numbers the process's device otherwise (`runtime.device_index`: a multi-process
+job on CPU names process i's device `xla:i`). It is fixed before the process's first
+tensor, so the per-op path only calls the creation function chosen then.
 """
 from __future__ import annotations
 
+import ctypes
 import threading
 import weakref
+from typing import Callable, List, Optional
 
 import torch
 
 from . import ir, metrics
 
-create_empty = _create_empty = torch._C._acc.create_empty_tensor
+# PyTorch's constructor of a storage-less PrivateUse1 tensor: always on device index 0.
+_EMPTY_ON_0 = torch._C._acc.create_empty_tensor
 is_functional = torch._is_functional_tensor
 _from_functional = torch._from_functional_tensor
 _to_functional = torch._to_functional_tensor
@@ -96,6 +104,151 @@ _weak = weakref.ref
 # Every state that has pointed at device data since its last barrier: the executor reads
 # which DeviceData leaves live tensors hold from here (donation.py).
 data_states: "weakref.WeakSet[XlaState]" = weakref.WeakSet()
+
+
+# ---- the device index ---------------------------------------------------------------------
+
+# DEVICE_INDEX[0]: this process's device index, None until fixed (`device_index()`).
+DEVICE_INDEX: List[Optional[int]] = [None]
+# The function that decides the index (set by the runtime, which knows the job and platform).
+_resolvers: List[Callable[[], int]] = []
+
+
+def set_index_resolver(fn: Callable[[], int]) -> None:
+    _resolvers[:] = [fn]
+
+
+def device_index() -> int:
+    """This process's device index, decided at its first use."""
+    i = DEVICE_INDEX[0]
+    if i is None:
+        i = _resolvers[0]() if _resolvers else 0
+        DEVICE_INDEX[0] = i
+    return i
+
+
+def tensors_made() -> bool:
+    """Whether this process has made an xla tensor (the index is then fixed for good)."""
+    return _create_empty is not _first_empty
+
+
+def set_device_index(index: Optional[int]) -> None:
+    """Fixes the index (None: decide again at the next use). Refused once a tensor was made
+    on another index: tensors of one process must all be on its one device."""
+    if tensors_made() and index != DEVICE_INDEX[0]:
+        raise RuntimeError(f"this process's tensors are on xla:{DEVICE_INDEX[0]} already; its device "
+                           f"cannot become {'undecided' if index is None else f'xla:{index}'}")
+    DEVICE_INDEX[0] = index
+
+
+def _first_empty(shape, dtype: torch.dtype) -> torch.Tensor:
+    """The creation function until the first tensor: it fixes the index and installs the
+    function every later tensor is made with."""
+    return creation_function()(shape, dtype)
+
+
+def creation_function() -> Callable:
+    """The function that makes this process's tensors (installed at its first call)."""
+    global create_empty, _create_empty
+    if _create_empty is _first_empty:
+        i = device_index()
+        create_empty = _create_empty = _EMPTY_ON_0 if i == 0 else _indexed_empty(i)
+    return _create_empty
+
+
+create_empty = _create_empty = _first_empty
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    # DLPack's DLTensor followed by its manager context and deleter (DLPack 0.8 layout).
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64),
+                ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+_DL_EXT_DEV = 12   # DLPack's device type of an extension device: PyTorch's PrivateUse1
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_raw_malloc = ctypes.pythonapi.PyMem_RawMalloc
+_raw_malloc.restype = ctypes.c_void_p
+_raw_malloc.argtypes = [ctypes.c_size_t]
+_DL_DTYPES = {}
+
+
+def _dl_dtype(dtype: torch.dtype) -> tuple:
+    """DLPack's (code, bits, lanes) of a dtype, as PyTorch's own exporter writes it."""
+    d = _DL_DTYPES.get(dtype)
+    if d is None:
+        cap = torch._C._to_dlpack(torch.empty(0, dtype=dtype))
+        t = _DLManagedTensor.from_address(_capsule_pointer(cap, b"dltensor")).dtype
+        d = _DL_DTYPES[dtype] = (t.code, t.bits, t.lanes)
+    return d
+
+
+def _prototype(index: int, like: torch.Tensor) -> torch.Tensor:
+    """A storage-less tensor on `xla:<index>` with the sizes, strides and dtype of `like`.
+
+    PyTorch makes no such tensor from Python without dispatching to the device's kernels
+    (`create_empty_tensor` always says device 0; a factory would come back here), except
+    through DLPack, whose extension device is PrivateUse1 with the index we write. The
+    DLPack record is raw memory never freed: PyTorch reads its deleter field when the
+    tensor's storage dies, which may be at interpreter exit, after every Python object.
+    """
+    shape, strides = tuple(like.shape), like.stride()
+    n = len(shape)
+    size = ctypes.sizeof(_DLManagedTensor) + 16 * max(n, 1)
+    addr = _raw_malloc(size)
+    if not addr:
+        raise MemoryError("no memory for a DLPack record")
+    ctypes.memset(addr, 0, size)
+    rec = _DLManagedTensor.from_address(addr)
+    dims = (ctypes.c_int64 * max(n, 1)).from_address(addr + ctypes.sizeof(_DLManagedTensor))
+    steps = (ctypes.c_int64 * max(n, 1)).from_address(addr + ctypes.sizeof(_DLManagedTensor) + 8 * max(n, 1))
+    for k in range(n):
+        dims[k], steps[k] = shape[k], strides[k]
+    rec.device = _DLDevice(_DL_EXT_DEV, index)
+    rec.ndim = n
+    rec.dtype = _DLDataType(*_dl_dtype(like.dtype))
+    rec.shape = ctypes.cast(dims, ctypes.POINTER(ctypes.c_int64))
+    rec.strides = ctypes.cast(steps, ctypes.POINTER(ctypes.c_int64))
+    return torch._C._from_dlpack(_capsule_new(addr, b"dltensor", None))
+
+
+def _indexed_empty(index: int) -> Callable:
+    """The creation function of tensors on `xla:<index>`, index > 0: PyTorch's device-0
+    constructor, then the metadata (device, sizes, strides) of a prototype of the same
+    sizes and dtype, copied in place without dispatch (`Tensor.data =`, ~0.15 us). One
+    prototype per (sizes, dtype), made once; tensors of one prototype share its storage,
+    which holds no data (no engine tensor keeps data in its storage)."""
+    protos = {}
+
+    def create(shape, dtype: torch.dtype, _empty=_EMPTY_ON_0, _protos=protos) -> torch.Tensor:
+        t = _empty(shape, dtype)
+        try:
+            t.data = _protos[shape, dtype]
+        except (KeyError, TypeError):   # a new (sizes, dtype), or sizes given as a list
+            key = (tuple(shape), dtype)
+            p = _protos.get(key)
+            if p is None:
+                p = _protos[key] = _prototype(index, t)
+            t.data = p
+        return t
+
+    create.index = index
+    return create
 
 
 def make_tensor(node: ir.Node, idx: int, shape, dtype: torch.dtype) -> torch.Tensor:

@@ -10,6 +10,7 @@ import torch
 
 import torch_xla
 from .. import runtime as xr
+from .._api import _device_position
 from .._engine import collectives as _coll, executor, ir, rng, runtime
 from .._engine.executor import analysis as _analysis
 
@@ -30,7 +31,8 @@ def xla_device(n: Optional[int] = None, devkind: Optional[str] = None) -> torch.
 
 
 def get_xla_supported_devices(devkind: Optional[str] = None, max_devices: Optional[int] = None) -> List[str]:
-    devs = [f"xla:{i}" for i in range(torch_xla.device_count())]
+    """This process's xla devices (`['xla:2']` for process 2 of a multi-process CPU job)."""
+    devs = [str(d) for d in torch_xla.devices()]
     return devs[:max_devices] if max_devices else devs
 
 
@@ -45,9 +47,9 @@ def set_replication(device: Union[str, torch.device], devices: Optional[Sequence
     device = torch.device(device)
     if device.type != "xla":
         raise RuntimeError(f"set_replication: {device} is not an xla device")
-    if device.index is not None and device.index >= torch_xla.device_count():
+    if device.index is not None and device not in torch_xla.devices():
         raise RuntimeError(f"set_replication: {device} is not a device of this process "
-                           f"({torch_xla.device_count()} device(s))")
+                           f"({', '.join(map(str, torch_xla.devices()))})")
     names = [str(torch.device(d)) for d in (devices or ())]
     if not names:
         return
@@ -58,7 +60,7 @@ def set_replication(device: Union[str, torch.device], devices: Optional[Sequence
     if len(names) != len(supported):
         raise RuntimeError(f"Cannot replicate if number of devices ({len(names)}) is different from "
                            f"{len(supported)}")
-    here = str(device if device.index is not None else torch.device("xla", 0))
+    here = str(device if device.index is not None else torch_xla.device())
     if here not in names:
         raise RuntimeError(f"set_replication: {here} is not among {names}")
 
@@ -83,7 +85,7 @@ def xla_real_devices(devices: Optional[List[Union[str, torch.device]]] = None) -
     real = torch_xla.real_devices()
     if devices is None:
         return real
-    return [real[torch.device(d).index or 0] for d in devices]
+    return [real[_device_position(d)] for d in devices]
 
 
 def is_xla_tensor(tensor: torch.Tensor) -> bool:

@@ -243,7 +243,7 @@ def _transfer_worker(state: _State, dq: _DeviceQueues) -> None:
 def _norm_device(device) -> torch.device:
     d = torch.device(device)
     if d.type == "xla" and d.index is None:
-        d = torch.device("xla", 0)
+        d = xm.xla_device()   # this process's device (xla:<global ordinal> in CPU jobs)
     return d
 
 

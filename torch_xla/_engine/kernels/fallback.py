@@ -21,11 +21,13 @@ _CPU_OPERANDS_OK = frozenset({"index", "index_put", "index_put_", "_index_put_im
 def check_devices(name, args, kwargs):
     """PyTorch's same-device rule: XLA tensors mixed with non-scalar CPU tensors is an error."""
     devs = set()
+    xla = []
 
     def visit(a):
         if isinstance(a, torch.Tensor):
             if a.device.type == "xla":
-                devs.add("xla:0")
+                if not xla:
+                    xla.append(str(a.device))  # every xla tensor of a process is on its one device
             elif a.dim() > 0:
                 devs.add(str(a.device))
         elif isinstance(a, (list, tuple)):
@@ -36,10 +38,10 @@ def check_devices(name, args, kwargs):
         visit(a)
     for a in kwargs.values():
         visit(a)
-    if len(devs) > 1 and "xla:0" in devs:
-        other = sorted(d for d in devs if d != "xla:0")[0]
+    if xla and devs:
+        other = sorted(devs)[0]
         raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two "
-                           f"devices, xla:0 and {other}! (when checking argument for aten::{name})")
+                           f"devices, {xla[0]} and {other}! (when checking argument for aten::{name})")
 
 
 def cpu_fallback(op, args, kwargs):

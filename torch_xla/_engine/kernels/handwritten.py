@@ -44,6 +44,7 @@ def k_ones_like(x, dtype=None, layout=None, device=None, pin_memory=None, memory
     if x.device.type != "xla" or (device is not None and torch.device(device).type != "xla"):
         return KERNELS["ones_like.default"](x, dtype=dtype, layout=layout, device=device, pin_memory=pin_memory,
                                            memory_format=memory_format)
+    check_device(device)
     dtype = dtype or x.dtype
     _check_dtype(dtype)
     return const_tensor(x.shape, dtype, 1)

@@ -14,7 +14,7 @@ from typing import Any, Dict
 
 import torch
 
-from .. import executor, ir, metrics, rng
+from .. import executor, ir, metrics, rng, runtime
 from ..lowering import Lowering
 from ..mode import EAGER
 from ..tensor import XlaState, is_functional, make_alias, make_tensor, state_of, wrap_user
@@ -55,7 +55,7 @@ def _tensor_state(t, op_name):
         return None  # handled by the caller as a wrapped scalar
     raise RuntimeError(
         f"Expected all tensors to be on the same device, but found at least two devices, "
-        f"xla:0 and {t.device}! (when checking argument for {op_name})")
+        f"xla:{runtime.device_index()} and {t.device}! (when checking argument for {op_name})")
 
 
 def _meta_alias(op, args, kwargs):

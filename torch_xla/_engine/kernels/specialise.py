@@ -79,7 +79,7 @@ def specialise(k: OpKernel):
           "COUNT": k.op_count, "copysign": math.copysign, "make_node": ir.make_node,
           "scalar_param": ir.scalar_param, "NEW": object.__new__, "Node": ir.Node, "RECORDING": ir.RECORDING,
           "record_source": ir.record_source, "CHECK_SOURCES": ir.CHECK_SOURCES, "user_line": ir.user_line,
-          "CREATED": tensor.CREATED, "EMPTY": tensor.create_empty, "TensorState": tensor.TensorState,
+          "CREATED": tensor.CREATED, "EMPTY": tensor.creation_function(), "TensorState": tensor.TensorState,
           "PENDING": tensor.pending.refs, "WEAK": weakref.ref}
     params, call, tensors, lines, key, argv, scalars = [], [], [], [], ["NAME"], [], []
     kw_only = False

@@ -72,12 +72,13 @@ def resize_(self, size, memory_format=None):
 
 
 def check_device(device) -> None:
-    """Refuses an xla device other than xla:0: this process computes on one device."""
+    """Refuses an xla device other than this process's one device (`xla:<index>`,
+    runtime.device_index): naming another process's device, or another device of this
+    process, is an error at the op that names it."""
     if device is None:
         return
     if isinstance(device, str):
         device = torch.device(device)
-    if isinstance(device, torch.device) and device.type == "xla" and (device.index or 0) != 0:
-        raise RuntimeError(
-            f"{device}: each process of torch-xla-jax computes on one device, xla:0; use one "
-            f"process per device (torch_xla.launch / xmp.spawn) to use several")
+    if (isinstance(device, torch.device) and device.type == "xla" and device.index is not None
+            and device.index != runtime.device_index()):
+        raise RuntimeError(runtime.device_error(device))

@@ -8,6 +8,14 @@ class Policy:
     """The defaults: no options, nothing around compiles and dispatches."""
     name = "default"
     patch_convolutions = False
+    # How a process of a multi-process (replication) job numbers its device: PyTorch/XLA
+    # names a device by its index among the devices its process drives. On GPU and TPU a
+    # process drives its own device(s) there as here, so a replica's device is `xla:0`.
+    ordinal_device_index = False
+
+    def device_index(self, global_ordinal: int) -> int:
+        """The index of the device of replica `global_ordinal` (its `xla:<index>`)."""
+        return global_ordinal if self.ordinal_device_index else 0
 
     def compiler_options(self, ops: Iterable[Tuple[str, tuple]]) -> dict:
         """XLA options for one program; `ops` yields (op name, first output aval)."""

@@ -69,6 +69,10 @@ class CpuPolicy(Policy):
     # XLA:CPU's convolution is 1.5-70x slower than a product of patches where Eigen cannot
     # take it (lowering/conv_cpu.py).
     patch_convolutions = True
+    # PyTorch/XLA runs a CPU job as one process driving CPU_NUM_DEVICES devices, a thread
+    # per replica, so replica i computes on `xla:i`; here each replica is a process with
+    # one device, which keeps that name: the replica's global ordinal.
+    ordinal_device_index = True
 
     def compiler_options(self, ops):
         return compiler_options(ops)

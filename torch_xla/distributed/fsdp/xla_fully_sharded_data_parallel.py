@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from ... import runtime as xr
+from ... import _api, runtime as xr
 from ..._engine import collectives as _coll
 from .utils import apply_xla_patch_to_nn_linear
 from .wrap import recursive_wrap
@@ -149,7 +149,7 @@ class XlaFullyShardedDataParallel(nn.Module):
         self.optimization_barrier_in_forward = optimization_barrier_in_forward
         self.optimization_barrier_in_backward = optimization_barrier_in_backward
         self.fp32_reduce_scatter = fp32_reduce_scatter
-        self.xla_device = torch.device("xla", 0)
+        self.xla_device = _api.device()
         if param_init_fn is not None and any(p.is_meta for p in module.parameters()):
             param_init_fn(module)
         params = [p for _, p in self._managed(module)]
