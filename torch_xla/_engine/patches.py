@@ -94,7 +94,8 @@ REGISTRY: List[Patch] = [
           "ops, `bench/bench_gc.py`)"),
     Patch("inline_backward", "the autograd engine's `run_backward` "
           "(`torch.autograd.Variable._execution_engine`): multithreading off during each call",
-          "first xla device use of a process of a multi-process CPU job", None,
+          "first xla device use of a process of a multi-process CPU job",
+          "none (a backward on `xla:1` and above needs it)",
           "there a process's device is `xla:<global ordinal>`; PyTorch's autograd engine keeps "
           "one worker queue per device index that the device guard reports, and a Python "
           "device guard reports one, so a gradient on `xla:1` would fail its internal assert. "

@@ -2,7 +2,8 @@
 
 One process per device (the project's launcher, `_engine/launcher.py`): on CPU
 `CPU_NUM_DEVICES` processes (1 when unset), elsewhere one process owning the host's
-devices. Each process's device is its `xla:0`.
+devices. On CPU process i's device is `xla:i` (its global ordinal, as PyTorch/XLA's thread
+per device there), elsewhere `xla:0`.
 """
 from __future__ import annotations
 
