@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from torch_xla._engine import job, launcher
+from torch_xla._engine import job, launcher, runtime, tensor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -186,6 +186,141 @@ def test_training_matches_single_process():
             assert res[r][mode]["losses"] == pytest.approx(ref_losses, rel=1e-5, abs=1e-6)
         for p, q in zip(res[0][mode]["params"], res[1][mode]["params"]):
             assert torch.equal(p, q), f"{mode}: replicas diverged"
+
+
+# ---- device numbering -------------------------------------------------------------------
+
+def test_device_numbering_4_processes(tmp_path):
+    """Process i of a CPU job computes on xla:i, as in PyTorch/XLA (its
+    test_runtime_multi_cpu: one process with a thread per device there): its device, its
+    tensors, their gradients and the device seen inside a backward are xla:i; another
+    process's index is a RuntimeError naming xla:i; saving, loading, the loader and a
+    training step work as on the CPU."""
+    n, steps, batch = 4, 2, 16
+    res = _spawn(workers.device_numbering_job, args=(str(tmp_path), steps, batch), nprocs=n)
+    ref_params, ref_losses = workers.reference_training(steps, batch)
+    a = torch.arange(6.0).reshape(2, 3)
+    assert sorted(res) == list(range(n))
+    for r in range(n):
+        o, d = res[r], f"xla:{r}"
+        b = workers.rank_input(r)
+        assert o["rank"] == r and o["index"] == r
+        assert o["device"] == o["xla_device"] == o["device_0"] == o["default"] == d
+        assert o["devices"] == o["supported"] == [d]
+        assert o["count"] == o["addressable"] == 1 and o["current"] == r
+        assert o["real"] == [f"CPU:{r}"]
+        assert o["tensor_devices"] == {k: d for k in o["tensor_devices"]}
+        expect = {"factory": a, "to": b, "op": a * b + 1, "view": b[1], "reduction": b.sum(),
+                  "matmul": a @ b.T, "to_index": b, "like": torch.ones_like(b)}
+        for k, v in expect.items():
+            _close(o["values"][k], v)
+        # d/dw of sum(sin(probe(w)) * w), probe(w) = 2w whose backward triples instead of doubles
+        _close(o["grad"], (b * 2).sin() + 3 * b * (b * 2).cos())
+        assert o["grad_device"] == d
+        assert o["backward"] == {"forward_ordinal": r, "backward_ordinal": r, "backward_device": d,
+                                 "grad_output_device": d}
+        q = 1 if r != 1 else 2
+        assert o["other"] == f"xla:{q}"
+        for k in ("factory", "to", "tensor"):
+            kind, msg = o["errors"][k]
+            assert kind == "RuntimeError" and f"xla:{q}" in msg and f"has one device, {d}" in msg, msg
+        if r:
+            kind, msg = o["errors"]["factory_0"]
+            assert kind == "RuntimeError" and "xla:0 is not a device of this process" in msg, msg
+        else:
+            assert o["errors"]["factory_0"] is None
+        assert o["to_0"] == d   # `.to("xla")` reaches the device as xla:0 (the guard's index)
+        kind, msg = o["errors"]["beyond_job"]
+        assert kind == "RuntimeError" and f"xla:{n}" in msg and d in msg, msg
+        assert o["errors"]["device(1)"][0] == "IndexError" and d in o["errors"]["device(1)"][1]
+        assert o["loaded_own"]["b"][0] == o["loaded_own"]["a"][0] == d
+        _close(o["loaded_own"]["b"][1], b)
+        _close(o["loaded_own"]["a"][1], a)
+        kind, msg = o["loaded_other_error"]
+        assert kind == "RuntimeError" and f"xla:{q}" in msg and "map_location" in msg, msg
+        assert o["loaded_other"]["b"][0] == d
+        _close(o["loaded_other"]["b"][1], workers.rank_input(q))
+        assert o["master"][0] == "cpu"
+        _close(o["master"][1], workers.rank_input(0))
+        assert [x[0] for x in o["loader"]] == [d] * 3
+        for k, (_, x) in enumerate(o["loader"]):
+            _close(x, b * k)
+        assert o["state_dict_devices"] == [d]
+        for p, q in zip(o["train"]["params"], ref_params):
+            _close(p, q, rtol=1e-5, atol=1e-5)
+        assert o["train"]["losses"] == pytest.approx(ref_losses, rel=1e-5, abs=1e-6)
+
+
+def test_device_index_rule():
+    """xla:<global ordinal> only for a multi-process CPU job outside SPMD mode."""
+    rule = runtime.index_rule
+    assert rule("CPU", 4, 2, False) == (2, True)
+    assert rule("CPU", 4, 0, False) == (0, True)
+    assert rule("CPU", 1, 0, False) == (0, False)
+    assert rule("CPU", 4, 2, True) == (0, False)       # SPMD: one logical device, xla:0
+    assert rule("CUDA", 4, 2, False) == (0, False)     # a process per GPU: its xla:0
+    assert rule("TPU", 8, 5, False) == (0, False)
+
+
+_ON_INDEX_3 = textwrap.dedent("""
+    import torch, torch_xla
+    from torch_xla._engine import patches, tensor
+    tensor.set_device_index(3)           # as a replica of a CPU job decides it
+    patches.install_inline_backward()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 2))
+    ref = [p.detach().clone() for p in model.parameters()]
+    x, y = torch.randn(4, 5), torch.randn(4, 2)
+    outs = {}
+    for dev in ("cpu", "xla"):
+        m = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 2))
+        with torch.no_grad():
+            for p, q in zip(m.parameters(), ref):
+                p.copy_(q)
+        m = m.to(dev)
+        opt = torch.optim.Adam(m.parameters(), lr=0.1)
+        for step in range(3):   # the second and third steps take the specialised kernels
+            opt.zero_grad()
+            h = m(x.to(dev))
+            loss = torch.nn.functional.mse_loss(h, y.to(dev)) + (h * h).mean() * 0.5
+            loss.backward()
+            opt.step()
+            torch_xla.sync()
+        devs = {str(t.device) for t in [h, loss] + list(m.parameters())
+                + [p.grad for p in m.parameters()]
+                + [v for st in opt.state.values() for k, v in st.items() if k != "step"]}  # Adam's step: CPU
+        outs[dev] = ([p.detach().cpu() for p in m.parameters()], loss.item(), devs)
+    for p, q in zip(outs["cpu"][0], outs["xla"][0]):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-5)
+    assert abs(outs["cpu"][1] - outs["xla"][1]) < 1e-5
+    print("DEVICES", sorted(outs["xla"][2]))
+""")
+
+
+def test_training_on_another_index_matches_cpu():
+    """One process whose device is xla:3 (a replica of a CPU job, without the job): every
+    tensor of a training step (outputs, parameters, gradients, optimizer state) is on
+    xla:3, through both the generic and the specialised kernels, and the step matches
+    the CPU."""
+    out = subprocess.run([sys.executable, "-c", _ON_INDEX_3], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PJRT_DEVICE": "CPU"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "DEVICES ['xla:3']" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("dtype", sorted(runtime._TORCH_TO_NP, key=str))
+def test_tensors_on_another_index_keep_their_metadata(dtype):
+    """The creation function of a process on xla:3 gives what PyTorch's device-0
+    constructor gives (sizes, strides, dtype, keys), on xla:3."""
+    make = tensor._indexed_empty(3)
+    for shape in [(), (5,), (2, 0, 3), (4, 1, 2), [3, 2]]:
+        t, ref = make(shape, dtype), torch._C._acc.create_empty_tensor(shape, dtype)
+        again = make(shape, dtype)   # from the cached prototype
+        for x in (t, again):
+            assert x.device == torch.device("xla", 3) and x.dtype == dtype
+            assert x.shape == ref.shape and x.stride() == ref.stride()
+            assert torch._C._dispatch_keys(x) == torch._C._dispatch_keys(ref)
+        assert t is not again
 
 
 # ---- failures ---------------------------------------------------------------------------

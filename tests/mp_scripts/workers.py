@@ -237,6 +237,96 @@ def train_job(index: int, mode: str, steps: int, global_batch: int, lr: float = 
     return {"rank": r, "params": params, "losses": [float(l.cpu()) for l in losses]}
 
 
+# ---- device numbering -------------------------------------------------------------------
+
+def _error(fn):
+    """(exception type name, message) of what `fn()` raises, None when it raises nothing."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001  (the test checks the type)
+        return type(e).__name__, str(e)
+    return None
+
+
+def device_numbering_job(index: int, tmpdir: str, steps: int, global_batch: int):
+    """What a replica sees of its device: names, tensors, gradients (and the device inside
+    a backward), another replica's device, saving and loading, the loader, a training step."""
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    import torch_xla.distributed.parallel_loader as pl
+    import torch_xla.runtime as xr
+
+    r, n = xr.global_ordinal(), xr.world_size()
+    dev = torch_xla.device()
+    out = {"rank": r, "index": index, "device": str(dev), "xla_device": str(xm.xla_device()),
+           "device_0": str(torch_xla.device(0)), "devices": [str(d) for d in torch_xla.devices()],
+           "supported": xm.get_xla_supported_devices(), "count": torch_xla.device_count(),
+           "addressable": xr.addressable_device_count(), "current": torch.xla.current_device(),
+           "default": torch_xla._XLAC._xla_get_default_device(), "real": torch_xla.real_devices()}
+    a = torch.arange(6.0, device="xla").reshape(2, 3)        # `xla`: this process's device
+    b = rank_input(r).to(dev)
+    made = {"factory": a, "to": b, "op": a * b + 1, "view": b[1], "reduction": b.sum(),
+            "matmul": a @ b.T, "to_index": rank_input(r).to(f"xla:{r}"), "like": torch.ones_like(b)}
+    out["tensor_devices"] = {k: str(v.device) for k, v in made.items()}
+    out["values"] = {k: v.cpu() for k, v in made.items()}
+
+    seen = {}
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            seen["forward_ordinal"] = xr.global_ordinal()
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            seen["backward_ordinal"] = xr.global_ordinal()
+            seen["backward_device"] = str(torch_xla.device())
+            seen["grad_output_device"] = str(g.device)
+            return g * 3
+
+    w = b.clone().requires_grad_(True)
+    (Probe.apply(w).sin() * w).sum().backward()
+    out["backward"] = seen
+    out["grad_device"] = str(w.grad.device)
+    out["grad"] = w.grad.cpu()
+
+    # Another replica's index: q, neither 0 nor r. `xla:0` in `.to` (and torch.tensor) is
+    # also what PyTorch makes of an index-less `xla` there, so it means this process's device.
+    q = 1 if r != 1 else 2
+    out["other"] = f"xla:{q}"
+    out["errors"] = {"factory": _error(lambda: torch.zeros(2, device=f"xla:{q}")),
+                     "to": _error(lambda: b.to(f"xla:{q}")),
+                     "tensor": _error(lambda: torch.tensor([1.0], device=f"xla:{q}")),
+                     "factory_0": _error(lambda: torch.zeros(2, device="xla:0")),
+                     "beyond_job": _error(lambda: torch.ones(2, device=f"xla:{n}")),
+                     "device(1)": _error(lambda: torch_xla.device(1))}
+    out["to_0"] = str(b.to("xla:0").device)
+
+    # Device tensors saved as they are load back here; another replica's load here only
+    # with a map_location (as in PyTorch/XLA, where that device is not this process's).
+    torch.save({"b": b, "a": a}, os.path.join(tmpdir, f"dev-{r}.pt"))
+    xm.save({"b": b}, os.path.join(tmpdir, "master.pt"))   # rank 0 writes, on the CPU; all wait
+    xm.rendezvous("device_numbering_saved")
+    mine = torch.load(os.path.join(tmpdir, f"dev-{r}.pt"), weights_only=False)
+    out["loaded_own"] = {k: (str(v.device), v.cpu()) for k, v in mine.items()}
+    theirs = os.path.join(tmpdir, f"dev-{q}.pt")
+    out["loaded_other_error"] = _error(lambda: torch.load(theirs, weights_only=False))
+    moved = torch.load(theirs, weights_only=False, map_location={f"xla:{q}": "xla"})
+    out["loaded_other"] = {k: (str(v.device), v.cpu()) for k, v in moved.items()}
+    master = torch.load(os.path.join(tmpdir, "master.pt"))
+    out["master"] = (str(master["b"].device), master["b"])
+
+    loader = pl.MpDeviceLoader([(rank_input(r) * k,) for k in range(3)], dev)
+    out["loader"] = [(str(x.device), x.cpu()) for (x,) in loader]
+
+    model = make_model().to(dev)
+    sd = model.state_dict()
+    out["state_dict_devices"] = sorted({str(v.device) for v in sd.values()})
+    out["train"] = train_job(index, "optimizer_step", steps, global_batch)
+    return out
+
+
 # ---- failures ---------------------------------------------------------------------------
 
 def failing_job(index: int, how: str, victim: int = 1):

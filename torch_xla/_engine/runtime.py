@@ -76,8 +76,8 @@ def _platform_name() -> str:
     return platform()
 
 
-def _decide_device_index() -> int:
-    """The index of this process's device, decided once, before its first tensor.
+def index_rule(platform_name: str, world_size: int, global_ordinal: int, spmd: bool) -> tuple:
+    """(device index, whether devices are numbered by ordinal) of a process of a job.
 
     One process alone, and SPMD mode (one logical device over the job's), use `xla:0`.
     In a multi-process job the platform policy decides: PyTorch/XLA numbers a device by
@@ -85,15 +85,22 @@ def _decide_device_index() -> int:
     with a thread per device there, a process per device here) is the replica's global
     ordinal, and on GPU and TPU (a process per device there too) is 0.
     """
-    if mode.spmd_requested() or job.world_size() <= 1:
-        return 0
-    pol = policy(_platform_name())
-    if not pol.ordinal_device_index:
-        return 0
-    # Every replica of the job, whatever its index, runs the backward the same way (see
-    # the patch); the index itself is the replica's place in the job.
-    patches.install_inline_backward()
-    return pol.device_index(job.global_ordinal())
+    if spmd or world_size <= 1:
+        return 0, False
+    pol = policy(platform_name)
+    return pol.device_index(global_ordinal), pol.ordinal_device_index
+
+
+def _decide_device_index() -> int:
+    """The index of this process's device, decided once, before its first tensor."""
+    spmd = mode.spmd_requested()
+    world = job.world_size()
+    name = _platform_name() if world > 1 and not spmd else ""
+    index, numbered = index_rule(name, world, job.global_ordinal(), spmd)
+    if numbered:
+        # Every replica of such a job, whatever its index, runs the backward the same way.
+        patches.install_inline_backward()
+    return index
 
 
 tensor.set_index_resolver(_decide_device_index)
@@ -125,7 +132,9 @@ def device_error(device) -> str:
     if job.world_size() > 1 and device.index not in device_indices():
         return (f"{device} is not a device of this process: process {job.global_ordinal()} of the "
                 f"{job.world_size()}-process job has one device, xla:{mine} (torch_xla.device()); "
-                f"each process of a multi-process job computes on its own device")
+                f"each process of a multi-process job computes on its own device. Tensors another "
+                f"process saved on its device load here with torch.load(f, map_location="
+                f"{{'{device}': 'xla'}}), or map_location='cpu'")
     return (f"{device}: each process of torch-xla-jax computes on one device, xla:{mine}; use one "
             f"process per device (torch_xla.launch / xmp.spawn) to use several")
 

@@ -235,19 +235,24 @@ def _indexed_empty(index: int) -> Callable:
     which holds no data (no engine tensor keeps data in its storage)."""
     protos = {}
 
+    def prototype(shape, dtype: torch.dtype) -> torch.Tensor:
+        """The prototype of (sizes, dtype) on `xla:<index>`."""
+        key = (tuple(shape), dtype)
+        p = protos.get(key)
+        if p is None:
+            p = protos[key] = _prototype(index, _EMPTY_ON_0(shape, dtype))
+        return p
+
     def create(shape, dtype: torch.dtype, _empty=_EMPTY_ON_0, _protos=protos) -> torch.Tensor:
         t = _empty(shape, dtype)
         try:
             t.data = _protos[shape, dtype]
         except (KeyError, TypeError):   # a new (sizes, dtype), or sizes given as a list
-            key = (tuple(shape), dtype)
-            p = _protos.get(key)
-            if p is None:
-                p = _protos[key] = _prototype(index, t)
-            t.data = p
+            t.data = prototype(shape, dtype)
         return t
 
     create.index = index
+    create.prototype = prototype
     return create
 
 

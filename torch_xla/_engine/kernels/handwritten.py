@@ -61,7 +61,7 @@ def k_empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memo
 
 
 def k_to_copy(x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
-    check_device(device)
+    check_device(device, unindexed_as_0=True)
     src_xla = x.device.type == "xla"
     dst_xla = (device.type == "xla") if device is not None else src_xla
     if not src_xla and dst_xla:

@@ -32,10 +32,13 @@ _NEEDS_DATA = ("data-dependent", "cannot be called on meta tensors", "on a meta 
 
 class ShapeEntry:
     """What the meta kernel told us about one (op, avals, statics) combination."""
-    __slots__ = ("avals", "structure", "common", "fallback", "base")
+    __slots__ = ("avals", "structure", "common", "fallback", "base", "proto")
 
     def __init__(self, avals, structure, common, fallback=False):
         self.base = None  # ir.node_base of the nodes built from this entry (set by the kernel)
+        # The prototype of its (first) output on this process's device when that is not
+        # xla:0 (tensor.prototype_for; set by the specialised kernels at first use).
+        self.proto = None
         self.avals = avals
         self.structure = structure  # "one" | "tuple" | "list"
         self.common = common

@@ -71,14 +71,19 @@ def resize_(self, size, memory_format=None):
     return self
 
 
-def check_device(device) -> None:
+def check_device(device, unindexed_as_0: bool = False) -> None:
     """Refuses an xla device other than this process's one device (`xla:<index>`,
     runtime.device_index): naming another process's device, or another device of this
-    process, is an error at the op that names it."""
+    process, is an error at the op that names it.
+
+    `unindexed_as_0`: the device may be `xla` without an index that PyTorch completed
+    with the device guard's current index before the kernel, always 0 for a Python
+    guard (`Tensor.to`, `torch.tensor(..., device=...)`), so `xla:0` there means this
+    process's device."""
     if device is None:
         return
     if isinstance(device, str):
         device = torch.device(device)
     if (isinstance(device, torch.device) and device.type == "xla" and device.index is not None
-            and device.index != runtime.device_index()):
+            and device.index != runtime.device_index() and not (unindexed_as_0 and device.index == 0)):
         raise RuntimeError(runtime.device_error(device))
