@@ -488,7 +488,7 @@ def test_torchrun_single_host():
     out = subprocess.run(cmd, env=_torchrun_env(), capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     for r in range(2):
-        assert f"RESULT rank={r} world=2 sum=3.0 spawn_index={r}" in out.stdout
+        assert f"RESULT rank={r} world=2 sum=3.0 spawn_index={r} device=xla:{r}" in out.stdout
 
 
 @pytest.mark.slow
@@ -515,7 +515,7 @@ def test_torchrun_two_hosts_simulated():
         assert code == 0, o[-3000:] + e[-3000:]
     text = outs[0][1] + outs[1][1]
     for r in range(4):
-        assert f"RESULT rank={r} world=4 sum=10.0 spawn_index={r % 2}" in text
+        assert f"RESULT rank={r} world=4 sum=10.0 spawn_index={r % 2} device=xla:{r}" in text
 
 
 # ---- the MNIST example ------------------------------------------------------------------

@@ -22,7 +22,9 @@ def _mp_fn(index):
     objs = [None] * n
     dist.all_gather_object(objs, r)
     assert objs == list(range(n)), objs
-    print(f"RESULT rank={r} world={n} sum={float(t.cpu()[0])} spawn_index={index}", flush=True)
+    # a CPU job names a replica's device by its global ordinal (PyTorch/XLA's numbering)
+    print(f"RESULT rank={r} world={n} sum={float(t.cpu()[0])} spawn_index={index} device={t.device}",
+          flush=True)
     dist.destroy_process_group()
 
 
