@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Union
 
 import torch
 
@@ -43,7 +43,7 @@ def real_devices() -> List[str]:
     return [f"{p}:{i}" for i in runtime.device_indices()]
 
 
-def _device_position(d) -> int:
+def _device_position(d: Union[str, torch.device]) -> int:
     """The position of xla device `d` among this process's devices (`devices()`); an index
     without a device here (another process's) is a RuntimeError."""
     d = torch.device(d)

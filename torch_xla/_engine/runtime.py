@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from typing import List, Tuple
 
 import numpy as np
 import ml_dtypes
@@ -76,7 +77,7 @@ def _platform_name() -> str:
     return platform()
 
 
-def index_rule(platform_name: str, world_size: int, global_ordinal: int, spmd: bool) -> tuple:
+def index_rule(platform_name: str, world_size: int, global_ordinal: int, spmd: bool) -> Tuple[int, bool]:
     """(device index, whether devices are numbered by ordinal) of a process of a job.
 
     One process alone, and SPMD mode (one logical device over the job's), use `xla:0`.
@@ -112,7 +113,7 @@ def device_index() -> int:
     return tensor.device_index() if i is None else i
 
 
-def device_indices() -> list:
+def device_indices() -> List[int]:
     """The indices of this process's `xla` devices (`torch_xla.devices()`): from its
     device index on, one per device it shows."""
     base = device_index()
@@ -126,7 +127,7 @@ def forget_device_index() -> None:
         tensor.set_device_index(None)
 
 
-def device_error(device) -> str:
+def device_error(device: torch.device) -> str:
     """Why `device` (an xla device naming another index) cannot be used here."""
     mine = device_index()
     if job.world_size() > 1 and device.index not in device_indices():

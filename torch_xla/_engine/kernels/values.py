@@ -1,7 +1,7 @@
 """Values on the device: transfers from and to the CPU, constants, resizing inner tensors."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -71,7 +71,7 @@ def resize_(self, size, memory_format=None):
     return self
 
 
-def check_device(device, unindexed_as_0: bool = False) -> None:
+def check_device(device: Optional[Union[str, torch.device]], unindexed_as_0: bool = False) -> None:
     """Refuses an xla device other than this process's one device (`xla:<index>`,
     runtime.device_index): naming another process's device, or another device of this
     process, is an error at the op that names it.
