@@ -210,6 +210,7 @@ def test_device_numbering_4_processes(tmp_path):
         assert o["count"] == o["addressable"] == 1 and o["current"] == r
         assert o["real"] == [f"CPU:{r}"]
         assert o["tensor_devices"] == {k: d for k in o["tensor_devices"]}
+        assert o["storages"] == 4, o["storages"]
         expect = {"factory": a, "to": b, "op": a * b + 1, "view": b[1], "reduction": b.sum(),
                   "matmul": a @ b.T, "to_index": b, "like": torch.ones_like(b)}
         for k, v in expect.items():

@@ -268,6 +268,11 @@ def device_numbering_job(index: int, tmpdir: str, steps: int, global_batch: int)
     made = {"factory": a, "to": b, "op": a * b + 1, "view": b[1], "reduction": b.sum(),
             "matmul": a @ b.T, "to_index": rank_input(r).to(f"xla:{r}"), "like": torch.ones_like(b)}
     out["tensor_devices"] = {k: str(v.device) for k, v in made.items()}
+    # Distinct tensors of one shape never share a storage (PyTorch would take them for
+    # aliases): the ops' outputs and two fresh factories of a's shape.
+    from torch_xla._engine.tensor import unwrap
+    same_shape = [a, made["op"], torch.zeros(2, 3, device="xla"), torch.zeros(2, 3, device="xla")]
+    out["storages"] = len({unwrap(t).untyped_storage()._cdata for t in same_shape})
     out["values"] = {k: v.cpu() for k, v in made.items()}
 
     seen = {}

@@ -36,8 +36,8 @@ class ShapeEntry:
 
     def __init__(self, avals, structure, common, fallback=False):
         self.base = None  # ir.node_base of the nodes built from this entry (set by the kernel)
-        # The prototype of its (first) output on this process's device when that is not
-        # xla:0 (tensor.prototype_for; set by the specialised kernels at first use).
+        # The DLPack record of its (first) output on this process's device when that is
+        # not xla:0 (tensor.creation_function; set by the specialised kernels at first use).
         self.proto = None
         self.avals = avals
         self.structure = structure  # "one" | "tuple" | "list"

@@ -80,7 +80,8 @@ def specialise(k: OpKernel):
           "scalar_param": ir.scalar_param, "NEW": object.__new__, "Node": ir.Node, "RECORDING": ir.RECORDING,
           "record_source": ir.record_source, "CHECK_SOURCES": ir.CHECK_SOURCES, "user_line": ir.user_line,
           "CREATED": tensor.CREATED, "EMPTY": tensor.creation_function(), "TensorState": tensor.TensorState,
-          "EMPTY0": tensor._EMPTY_ON_0, "PROTO": getattr(tensor.creation_function(), "prototype", None),
+          "RECORD": getattr(tensor.creation_function(), "record", None), "IMPORT": tensor._from_dlpack,
+          "CAPSULE": tensor._capsule_new, "DLTENSOR": tensor._DLTENSOR,
           "PENDING": tensor.pending.refs, "WEAK": weakref.ref}
     params, call, tensors, lines, key, argv, scalars = [], [], [], [], ["NAME"], [], []
     kw_only = False
@@ -192,13 +193,12 @@ PENDING.append(WEAK(_st))
 return _t"""
 
 
-# A process whose device is not xla:0 (tensor.creation_function): the output's prototype
-# rides on the shape entry, which saves the creation function's call and look-up.
-_ON_INDEX = """_t = EMPTY0(_shape, _dtype)
-_p = _entry.proto
+# A process whose device is not xla:0 (tensor.creation_function): the output's DLPack
+# record rides on the shape entry, which saves the creation function's call and look-up.
+_ON_INDEX = """_p = _entry.proto
 if _p is None:
-    _p = _entry.proto = PROTO(_shape, _dtype)
-_t.data = _p"""
+    _p = _entry.proto = RECORD(_shape, _dtype)
+_t = IMPORT(CAPSULE(_p, DLTENSOR, None))"""
 
 
 def _common_case(k: OpKernel, ns: dict):
@@ -265,7 +265,7 @@ def _common_case(k: OpKernel, ns: dict):
                                 hx="".join(h + ", " for h in hx)).splitlines()
         if k.low.checked:
             out.append("CHECK_SOURCES[_node] = user_line()")
-        new_tensor = _NEW_TENSOR if ns["PROTO"] is None else _NEW_TENSOR.replace(
+        new_tensor = _NEW_TENSOR if ns["RECORD"] is None else _NEW_TENSOR.replace(
             "_t = EMPTY(_shape, _dtype)", _ON_INDEX)
         out += new_tensor.splitlines()
         return out
