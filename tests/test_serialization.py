@@ -1,0 +1,215 @@
+"""`torch.load` onto the xla device (patch `load_to_device`, kernels/storage.py), against the
+CPU load of the same checkpoint; the paths to PyTorch's missing PrivateUse1 allocator
+raise instead of crashing (run in a subprocess: a crash would be a signal)."""
+import io
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import torch_xla  # noqa: F401
+from torch_xla._engine import patches
+
+from helpers import XLA, assert_same
+
+MAP_LOCATIONS = {
+    "str": "xla",
+    "device": torch.device("xla"),
+    "indexed": "xla:0",
+    "dict": {"cpu": "xla"},
+    "callable": lambda storage, location: torch.serialization.default_restore_location(storage, "xla"),
+}
+
+
+def _saved(obj, **kw) -> io.BytesIO:
+    buf = io.BytesIO()
+    torch.save(obj, buf, **kw)
+    buf.seek(0)
+    return buf
+
+
+def _load_both(obj, map_location, weights_only):
+    """(loaded onto the device, loaded on the CPU) from one checkpoint of `obj`."""
+    buf = _saved(obj)
+    dev = torch.load(buf, map_location=map_location, weights_only=weights_only)
+    buf.seek(0)
+    cpu = torch.load(buf, map_location="cpu", weights_only=weights_only)
+    return dev, cpu
+
+
+def _tensors():
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(4, 6, generator=g)
+    return {
+        "f32": base,
+        "strided": base[1:, ::2],           # offset and non-contiguous, same storage as f32
+        "transposed": base.t(),
+        "row": base[2],
+        "bf16": torch.randn(5, generator=g).bfloat16(),
+        "i64": torch.arange(-3, 7),
+        "bool": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 3),
+        "grad": torch.randn(3, generator=g).requires_grad_(),
+    }
+
+
+@pytest.mark.parametrize("weights_only", [True, False])
+@pytest.mark.parametrize("where", list(MAP_LOCATIONS))
+def test_tensors_load_onto_the_device(where, weights_only):
+    dev, cpu = _load_both(_tensors(), MAP_LOCATIONS[where], weights_only)
+    assert set(dev) == set(cpu)
+    for k, t in dev.items():
+        assert t.device == XLA, k
+        assert torch._is_functional_tensor(t), k       # a user tensor, as `.to('xla')` makes
+        assert (t.dtype, t.shape, t.requires_grad) == (cpu[k].dtype, cpu[k].shape, cpu[k].requires_grad), k
+        assert torch.equal(t.cpu(), cpu[k]), k
+    # Usable in ops, views of one storage included; the loaded leaf takes gradients.
+    assert_same(dev["strided"] * 2 + dev["transposed"][::2, 1:].t(), cpu["strided"] * 2 + cpu["transposed"][::2, 1:].t())
+    assert_same(dev["bf16"].float().sum(), cpu["bf16"].float().sum())
+    assert_same(dev["i64"][dev["bool"].repeat(4)[:10]], cpu["i64"][cpu["bool"].repeat(4)[:10]])
+    (dev["grad"] * dev["row"][:3]).sum().backward()
+    assert_same(dev["grad"].grad, cpu["row"][:3])
+
+
+def test_shared_storages_come_back_as_separate_tensors_with_their_values():
+    """PyTorch keeps a loaded storage for the next tensor naming it only when its data
+    pointer is not null: each view is its own tensor here, with the right values."""
+    base = torch.arange(12.).reshape(3, 4)
+    dev = torch.load(_saved([base, base[1], base]), map_location="xla")
+    assert torch.equal(dev[0].cpu(), base) and torch.equal(dev[1].cpu(), base[1])
+    assert dev[0] is dev[2]       # the same tensor object saved twice is one object (pickle memo)
+    dev[1].add_(100)
+    assert torch.equal(dev[0].cpu(), base)      # no aliasing between different views
+
+
+def _lm(seed):
+    torch.manual_seed(seed)
+    m = torch.nn.Sequential(torch.nn.Embedding(10, 8), torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 10))
+    m[3].weight = m[0].weight     # tied, as an LM head to its embedding
+    return m
+
+
+def _step(model, opt, x, y):
+    opt.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+    loss.backward()
+    opt.step()
+    return loss
+
+
+@pytest.mark.parametrize("weights_only", [True, False])
+@pytest.mark.parametrize("where", ["str", "dict"])
+def test_model_and_adam_state_dicts_load_and_train_like_the_cpu(where, weights_only):
+    x, y = torch.tensor([[1, 2, 3], [4, 5, 6]]), torch.tensor([[3, 4, 5], [6, 7, 8]])
+    ref = _lm(0)
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.01)
+    _step(ref, ref_opt, x, y)       # optimizer state exists (exp_avg, exp_avg_sq, step)
+    ckpt = _saved({"model": ref.state_dict(), "opt": ref_opt.state_dict()})
+
+    loaded = torch.load(ckpt, map_location=MAP_LOCATIONS[where], weights_only=weights_only)
+    assert loaded["model"]["0.weight"].device == XLA
+    assert loaded["opt"]["state"][0]["exp_avg"].device == XLA
+    m = _lm(1).to(XLA)                               # other initial values
+    opt = torch.optim.Adam(m.parameters(), lr=0.01)
+    m.load_state_dict(loaded["model"])
+    opt.load_state_dict(loaded["opt"])
+    assert m[3].weight is m[0].weight                 # still tied
+    for p, q in zip(m.parameters(), ref.parameters()):
+        assert_same(p, q)
+    for k in ("exp_avg", "exp_avg_sq", "step"):
+        assert_same(opt.state[m[0].weight][k], ref_opt.state[ref[0].weight][k])
+
+    loss = _step(m, opt, x.to(XLA), y.to(XLA))
+    ref_loss = _step(ref, ref_opt, x, y)
+    assert_same(loss, ref_loss)
+    for p, q in zip(m.parameters(), ref.parameters()):
+        assert_same(p, q)
+    # And the trained state goes back through a checkpoint (saved from xla tensors).
+    back = torch.load(_saved({"model": m.state_dict(), "opt": opt.state_dict()}), map_location="xla")
+    for k, v in back["model"].items():
+        assert v.device == XLA, k
+        assert_same(v, ref.state_dict()[k])
+    assert_same(back["opt"]["state"][1]["exp_avg_sq"], ref_opt.state_dict()["state"][1]["exp_avg_sq"])
+
+
+def test_cpu_and_device_checkpoints_still_load_as_before(tmp_path):
+    t = torch.randn(3, 4)
+    cpu = torch.load(_saved({"a": t.to(XLA)}), map_location="cpu")["a"]       # saved from the device
+    assert cpu.device.type == "cpu" and torch.equal(cpu, t)
+    dev = torch.load(_saved({"a": t.to(XLA)}))["a"]
+    assert dev.device == XLA and torch.equal(dev.cpu(), t)
+    assert torch.equal(torch.load(_saved({"a": t}))["a"], t)                  # CPU stays CPU
+    path = tmp_path / "ckpt.pt"
+    torch.save({"a": t, "b": t[1:]}, path)
+    mm = torch.load(path, map_location="xla", mmap=True)
+    assert mm["a"].device == XLA and torch.equal(mm["b"].cpu(), t[1:])
+
+
+def test_another_device_index_is_refused_at_load():
+    with pytest.raises(RuntimeError, match="xla:3"):
+        torch.load(_saved({"a": torch.ones(2)}), map_location="xla:3")
+
+
+def test_set_from_a_storage_holding_nothing_is_refused():
+    x = torch.arange(4.).to(XLA)
+    with pytest.raises(RuntimeError, match=r"set_\.source_Storage_storage_offset: this storage"):
+        torch.empty(0, device=XLA).set_(x.untyped_storage(), 0, (2,), (1,))
+    with pytest.raises(RuntimeError, match=r"set_\.source_Storage: this storage"):
+        torch.empty(0, device=XLA).set_(x.untyped_storage())
+    # A CPU storage still gives the device a copy of that view (the CPU fallback did).
+    t = torch.empty(0, device=XLA).set_(torch.arange(4.).untyped_storage(), 1, (2,), (1,))
+    assert torch.equal(t.cpu(), torch.tensor([1., 2.]))
+
+
+# Each case once crashed the process (SIGSEGV in PyTorch's PrivateUse1 allocator, or the
+# load through it); each must now raise a RuntimeError that says why.
+_CRASH_CASES = {
+    "UntypedStorage(16)": ("torch.UntypedStorage(16, device='xla')", "no storage of the xla device"),
+    "UntypedStorage(0)": ("torch.UntypedStorage(0, device=torch.device('xla', 0))", "no storage of the xla device"),
+    "TypedStorage": ("torch.TypedStorage(4, dtype=torch.float32, device='xla')", "no storage of the xla device"),
+    "storage.to": ("torch.arange(4.).untyped_storage().to(device='xla')", "no storage of the xla device"),
+    "clone": ("torch.arange(4.).to('xla').untyped_storage().clone()", "no storage of the xla device"),
+    "_new_shared": ("torch.UntypedStorage._new_shared(16, device='xla')", "no storage of the xla device"),
+    "legacy load": ("b = io.BytesIO(); torch.save({'a': torch.ones(3)}, b, _use_new_zipfile_serialization=False); "
+                    "b.seek(0); torch.load(b, map_location='xla', weights_only=False)", "legacy"),
+}
+_CRASH_SCRIPT = textwrap.dedent("""
+    import io, sys, warnings
+    import torch, torch_xla
+    warnings.simplefilter("ignore")
+    for name, (code, _) in CASES.items():
+        try:
+            exec(code)
+            print(name, "|", "no error")
+        except RuntimeError as e:
+            print(name, "|", "RuntimeError", str(e).replace("\\n", " "))
+    print("normal exit")
+""")
+
+
+def _run(code, **env):
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PJRT_DEVICE="CPU", **env))
+
+
+def test_missing_allocator_paths_raise_instead_of_crashing():
+    res = _run(f"CASES = {_CRASH_CASES!r}\n" + _CRASH_SCRIPT)
+    assert res.returncode == 0, (res.returncode, res.stderr[-2000:])   # negative: killed by a signal
+    lines = dict(line.split(" | ", 1) for line in res.stdout.splitlines() if " | " in line)
+    assert res.stdout.rstrip().endswith("normal exit")
+    for name, (_, words) in _CRASH_CASES.items():
+        assert lines[name].startswith("RuntimeError") and words in lines[name], (name, lines.get(name))
+
+
+def test_opt_out_leaves_pytorchs_deserializers_alone():
+    code = ("import torch, torch_xla\n"
+            "from torch_xla._engine.kernels import storage\n"
+            "print(any(fn is storage._deserialize for _, _, fn in torch.serialization._package_registry))")
+    assert _run(code, PT_XLA_LOAD_TO_DEVICE="0").stdout.split() == ["False"]
+    assert patches.enabled("load_to_device")
+    from torch_xla._engine.kernels import storage
+    assert [p for p, _, fn in torch.serialization._package_registry if fn is storage._deserialize] == [storage.PRIORITY]
