@@ -154,6 +154,46 @@ def test_another_device_index_is_refused_at_load():
         torch.load(_saved({"a": torch.ones(2)}), map_location="xla:3")
 
 
+_ON_INDEX_3 = textwrap.dedent("""
+    import io, torch, torch_xla
+    from torch_xla._engine import patches, tensor
+    tensor.set_device_index(3)           # as a replica of a multi-process CPU job decides it
+    patches.install_inline_backward()
+    src = {"a": torch.randn(3, 4), "b": torch.arange(6)[1::2]}
+    buf = io.BytesIO()
+    torch.save(src, buf)
+    for where in ("xla", {"cpu": "xla"}, "xla:3"):
+        buf.seek(0)
+        d = torch.load(buf, map_location=where)
+        assert all(v.device == torch.device("xla", 3) and torch.equal(v.cpu(), src[k]) for k, v in d.items())
+    for where in ("xla:0", "xla:1"):
+        buf.seek(0)
+        try:
+            torch.load(buf, map_location=where)
+            print("LOADED", where)
+        except RuntimeError as e:
+            print("REFUSED", where, "xla:3" in str(e))
+    ref = torch.nn.Linear(4, 2)
+    buf = io.BytesIO()
+    torch.save(ref.state_dict(), buf)
+    buf.seek(0)
+    m = torch.nn.Linear(4, 2).to("xla")
+    m.load_state_dict(torch.load(buf, map_location="xla"))
+    x = torch.randn(5, 4)
+    loss = m(x.to("xla")).sum()
+    loss.backward()
+    print("TRAINED", m.weight.grad.device, abs(loss.item() - ref(x).sum().item()) < 1e-5)
+""")
+
+
+def test_load_in_a_process_whose_device_is_another_index():
+    """A replica of a multi-process CPU job computes on xla:<global ordinal>: `xla` (and
+    its own index) loads there; another index is refused, as at every op that names one."""
+    res = _run(_ON_INDEX_3)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.split("\n")[:3] == ["REFUSED xla:0 True", "REFUSED xla:1 True", "TRAINED xla:3 True"], res.stdout
+
+
 def test_set_from_a_storage_holding_nothing_is_refused():
     x = torch.arange(4.).to(XLA)
     with pytest.raises(RuntimeError, match=r"set_\.source_Storage_storage_offset: this storage"):

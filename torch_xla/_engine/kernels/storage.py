@@ -173,7 +173,8 @@ def _storage_new(cls, *args: Any, **kwargs: Any):
         raise RuntimeError(
             f"torch.UntypedStorage on {device}: xla tensors keep their values in the XLA runtime and have "
             f"no storage, so no storage of the xla device can be allocated. Make a tensor instead "
-            f"(torch.empty(n, dtype=torch.uint8, device='xla')) or keep the storage on the CPU")
+            f"(torch.empty(n, dtype=torch.uint8, device='xla')) or keep the storage on the CPU; "
+            f"torch.load(f, map_location='xla') loads checkpoints onto the device")
     return _orig_new(cls, *args, **kwargs)
 
 
