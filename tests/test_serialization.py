@@ -75,15 +75,33 @@ def test_tensors_load_onto_the_device(where, weights_only):
     assert_same(dev["grad"].grad, cpu["row"][:3])
 
 
-def test_shared_storages_come_back_as_separate_tensors_with_their_values():
-    """PyTorch keeps a loaded storage for the next tensor naming it only when its data
-    pointer is not null: each view is its own tensor here, with the right values."""
-    base = torch.arange(12.).reshape(3, 4)
-    dev = torch.load(_saved([base, base[1], base]), map_location="xla")
-    assert torch.equal(dev[0].cpu(), base) and torch.equal(dev[1].cpu(), base[1])
-    assert dev[0] is dev[2]       # the same tensor object saved twice is one object (pickle memo)
-    dev[1].add_(100)
-    assert torch.equal(dev[0].cpu(), base)      # no aliasing between different views
+def test_shared_storages_are_read_once_and_come_back_with_their_values(monkeypatch):
+    """Views of one storage (a flat buffer) read its record once (PyTorch keeps a loaded
+    storage for the next tensor only when its data pointer is not null, and ours is the
+    CPU storage's); each view is its own tensor on the device, with the right values."""
+    from torch_xla._engine.kernels import storage
+    reads = []
+
+    def counting(s, location):
+        out = storage._deserialize(s, location)
+        if out is not None:
+            reads.append(s.nbytes())
+        return out
+
+    monkeypatch.setattr(torch.serialization, "_package_registry",
+                        [(p, t, counting if f is storage._deserialize else f)
+                         for p, t, f in torch.serialization._package_registry])
+    flat = torch.arange(60.)
+    views = [flat[i * 12:(i + 1) * 12].view(3, 4) for i in range(5)]
+    for weights_only in (True, False):
+        reads.clear()
+        dev = torch.load(_saved(views + [flat, views[0]]), map_location="xla", weights_only=weights_only)
+        assert reads == [flat.nbytes]
+        for t, c in zip(dev, views + [flat]):
+            assert torch.equal(t.cpu(), c)
+        assert dev[0] is dev[6]       # one tensor object saved twice is one object (pickle memo)
+        dev[1].add_(100)
+        assert torch.equal(dev[5].cpu(), flat)      # views are not aliased on the device
 
 
 def _lm(seed):

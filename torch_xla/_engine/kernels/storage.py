@@ -18,9 +18,10 @@ and uploads it. Any other xla storage carries nothing, and `set_` with it is a
 RuntimeError naming the op.
 
 Storages shared by several tensors: PyTorch keeps a loaded storage for the next tensor
-naming it only when its data pointer is not null, and ours is, so each tensor reads its
-storage's record again and uploads its own view: values are right, aliasing between the
-loaded tensors is not kept (a model's tied parameters stay tied through
+naming it only when its data pointer is not null; ours reports the CPU storage's
+(`HostBackedStorage`), so a record is read once and every tensor on it gets the same
+storage object. Each tensor then uploads its own view: values are right, aliasing between
+the loaded tensors is not kept (a model's tied parameters stay tied through
 `load_state_dict`, which copies into them).
 
 The allocator is reached by other Python paths too (`torch.UntypedStorage(n,
@@ -133,6 +134,21 @@ KERNELS = {
 PRIORITY = 9
 
 
+class HostBackedStorage(torch.UntypedStorage):
+    """The class of the xla storages `_deserialize` returns: an xla storage (no bytes) that
+    stands for the CPU storage in its `_xla_host` attribute.
+
+    Its `data_ptr()` is that CPU storage's: `torch.load` keeps a loaded storage for the
+    next tensor of the same record only when its data pointer is not null, so without it
+    every view of a storage read (and held) the whole record again; a checkpoint of many
+    views of one flat buffer would read that buffer once per view."""
+    __slots__ = ()
+
+    def data_ptr(self) -> int:
+        host = getattr(self, HOST_ATTR, None)
+        return host.data_ptr() if host is not None else 0
+
+
 def _tag(storage: Any) -> None:
     """Saving is unchanged (PyTorch's own taggers name the storage's device)."""
     return None
@@ -156,6 +172,7 @@ def _deserialize(storage: Any, location: str) -> Optional[torch.UntypedStorage]:
     # A fresh wrapper's storage is a new storage object of this process's device (the
     # functional wrapper's own), so the attribute below belongs to this load only.
     out = torch.empty((0,), dtype=torch.uint8, device="xla").untyped_storage()
+    out.__class__ = HostBackedStorage   # same layout: only data_ptr differs
     setattr(out, HOST_ATTR, storage)
     return out
 
