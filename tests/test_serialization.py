@@ -212,15 +212,27 @@ def test_load_in_a_process_whose_device_is_another_index():
     assert res.stdout.split("\n")[:3] == ["REFUSED xla:0 True", "REFUSED xla:1 True", "TRAINED xla:3 True"], res.stdout
 
 
-def test_set_from_a_storage_holding_nothing_is_refused():
+def test_set_from_storages():
+    """set_ from an xla storage that carries nothing is a RuntimeError naming the op; from a
+    CPU storage it uploads that view, on wrappers and on inner tensors."""
     x = torch.arange(4.).to(XLA)
     with pytest.raises(RuntimeError, match=r"set_\.source_Storage_storage_offset: this storage"):
         torch.empty(0, device=XLA).set_(x.untyped_storage(), 0, (2,), (1,))
     with pytest.raises(RuntimeError, match=r"set_\.source_Storage: this storage"):
         torch.empty(0, device=XLA).set_(x.untyped_storage())
     # A CPU storage still gives the device a copy of that view (the CPU fallback did).
-    t = torch.empty(0, device=XLA).set_(torch.arange(4.).untyped_storage(), 1, (2,), (1,))
+    cs = torch.arange(8.).untyped_storage()
+    t = torch.empty(0, device=XLA).set_(cs, 1, (2,), (1,))
     assert torch.equal(t.cpu(), torch.tensor([1., 2.]))
+    assert torch.equal(torch.empty(0, device=XLA).set_(cs, 2, (2, 3)).cpu(), torch.empty(0).set_(cs, 2, (2, 3)))
+    # Below functionalization (an inner tensor), set_ makes the tensor itself hold the view.
+    inner = torch._from_functional_tensor(torch.empty(0, device=XLA))
+    inner.set_(cs, 1, (2, 2), (1, 2))
+    assert inner.shape == (2, 2) and inner._xla.shape == (2, 2)
+    assert torch.equal(torch._to_functional_tensor(inner).cpu(), torch.empty(0).set_(cs, 1, (2, 2), (1, 2)))
+    inner = torch._from_functional_tensor(torch.empty(0, device=XLA, dtype=torch.int32))
+    inner.set_(torch.arange(3, dtype=torch.int32).untyped_storage())
+    assert torch.equal(torch._to_functional_tensor(inner).cpu(), torch.arange(3, dtype=torch.int32))
 
 
 # Each case once crashed the process (SIGSEGV in PyTorch's PrivateUse1 allocator, or the

@@ -79,7 +79,7 @@ def _whole(source: Any, dtype: torch.dtype) -> List[int]:
     host = _host(source)
     if host is None:
         return [0]
-    return [host.nbytes() // torch.empty((), dtype=dtype).element_size()]
+    return [host.nbytes() // dtype.itemsize]
 
 
 def k_set_storage(self: torch.Tensor, source: Any, storage_offset: int, size: Sequence[int],
