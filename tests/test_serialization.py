@@ -168,8 +168,13 @@ def test_cpu_and_device_checkpoints_still_load_as_before(tmp_path):
 
 
 def test_another_device_index_is_refused_at_load():
-    with pytest.raises(RuntimeError, match="xla:3"):
-        torch.load(_saved({"a": torch.ones(2)}), map_location="xla:3")
+    try:
+        with pytest.raises(RuntimeError, match="xla:3"):
+            torch.load(_saved({"a": torch.ones(2)}), map_location="xla:3")
+    finally:
+        # PyTorch's torch.load leaves its map_location in a thread-local when the load
+        # raises; a later copy.copy / pickle of an xla tensor would then be sent to xla:3.
+        torch.serialization._serialization_tls.map_location = None
 
 
 _ON_INDEX_3 = textwrap.dedent("""
