@@ -15,6 +15,9 @@ _device.register()
 _kernels.register()
 _patches.install_import_time()
 _executor.activate_debugging()
+_kernels.storage.install_storage_check()
+if _patches.enabled("load_to_device"):
+    _kernels.storage.install_load()
 if _patches.enabled("nn_gru"):
     from .experimental import gru as _gru
     _gru.install()

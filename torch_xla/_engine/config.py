@@ -81,6 +81,9 @@ _VARS = [
         "`0`: leave `torch.nn.GRU` as it is (no scan-based GRU on xla tensors)"),
     Var("PT_XLA_PATCH_CLIP_GRAD_NORM", "bool", True,
         "`0`: leave `torch.nn.utils.clip_grad_norm_` as it is (with no gradient it returns a CPU zero)"),
+    Var("PT_XLA_LOAD_TO_DEVICE", "bool", True,
+        "`0`: leave `torch.load`'s deserializers as they are (then `map_location='xla'` of CPU tensors "
+        "reaches PyTorch's PrivateUse1 one, which crashes the process)"),
     Var("PT_XLA_LAZY_DYNAMO_DISABLE", "bool", True,
         "`0`: let PyTorch's meta kernels import `torch._dynamo` on their first call"),
     Var("TORCH_XLA_JAX_PROCESS_ID", "int", None, "set by the launcher: this process's rank", cached=False),

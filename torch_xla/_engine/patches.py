@@ -74,6 +74,19 @@ REGISTRY: List[Patch] = [
           "when none of the parameters has a gradient, PyTorch returns a zero on the CPU; for "
           "parameters on the xla device the zero is on their device, as the norm is when they "
           "have gradients (PyTorch/XLA returns it there). Otherwise PyTorch's own function runs"),
+    Patch("load_to_device", "`torch.load`'s deserializers (`torch.serialization.register_package`, priority 9): "
+          "locations `xla` / `xla:N` are restored by torch_xla", "import", "PT_XLA_LOAD_TO_DEVICE",
+          "`torch.load(f, map_location='xla')` of CPU tensors reached PyTorch's PrivateUse1 "
+          "deserializer, which allocates a device storage with an allocator the xla device cannot "
+          "have (Python cannot register one): a segmentation fault. Ours returns an xla storage "
+          "carrying the CPU one, and `set_` from it (`_rebuild_tensor`) uploads the tensor "
+          "(`kernels/storage.py`); other locations reach PyTorch's deserializers, saving is unchanged"),
+    Patch("xla_storage_refused", "`torch.UntypedStorage.__new__`: a RuntimeError for the xla device", "import",
+          None,
+          "xla tensors have no storage and PyTorch would allocate one with the missing PrivateUse1 "
+          "allocator (a segmentation fault): `torch.UntypedStorage(n, device='xla')`, "
+          "`TypedStorage(n, device='xla')`, `storage.to(device='xla')`, an xla storage's `clone()`; "
+          "affects the xla device only"),
     Patch("xla_flags", "the `XLA_FLAGS` and `JAX_PLATFORMS` environment variables",
           "jax start", "XLA_FLAGS naming the flag yourself",
           "`JAX_PLATFORMS` from `PJRT_DEVICE`; on CPU, XLA's memory-minimising scheduler "

@@ -5,8 +5,9 @@
 - PrivateUse1: a kernel per lowered aten overload (`op_kernel`, specialised on first call
   by `specialise`), in-place and `out=` variants (`mutating`), ops served by PyTorch's
   decompositions (`decompositions`), hand-written kernels (`handwritten`: factories,
-  transfers, copies, batch norm, Scalar[] foreach overloads), and the CPU fallback for
-  every other op (`fallback`);
+  transfers, copies, batch norm, Scalar[] foreach overloads), `set_` from a storage
+  (`storage`: tensors loaded by `torch.load(..., map_location='xla')`), and the CPU
+  fallback for every other op (`fallback`);
 - AutogradPrivateUse1: the derivative of `_fft_r2c` (`handwritten`);
 - AutocastPrivateUse1: `torch.autocast("xla")`'s op policy (`autocast`), a fallthrough
   for every other op; the GradScaler ops are PrivateUse1 kernels (`amp`);
@@ -27,7 +28,8 @@ import torch
 from .. import config, executor, ir, metrics, mode, patches
 from ..lowering import LOWERINGS, load_all
 from ..tensor import make_tensor, state_of, wrap_user
-from . import amp, autocast, compiled_ops, decompositions, functionalize, handwritten as hw, library, meta, mutating, values
+from . import (amp, autocast, compiled_ops, decompositions, functionalize, handwritten as hw, library, meta, mutating,
+               storage, values)
 from .fallback import cpu_fallback, fallback_kernel
 from .op_kernel import KERNELS, OpKernel, freeze
 from .specialise import entry_point
@@ -98,6 +100,8 @@ def register() -> None:
     for short, fn in decompositions.kernels(LOWERINGS).items():
         library.impl(short, fn, "PrivateUse1")
     for name, fn in HANDWRITTEN.items():
+        library.impl(name, _timed(fn), "PrivateUse1")
+    for name, fn in storage.KERNELS.items():
         library.impl(name, _timed(fn), "PrivateUse1")
     for name, fn in hw.foreach_scalarlist_kernels().items():
         library.impl(name, fn, "PrivateUse1")
