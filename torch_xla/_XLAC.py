@@ -339,9 +339,8 @@ def _xla_tensors_from_aten(tensors: List[torch.Tensor], devices: List[str]) -> L
 
 def _xla_real_devices(devices: List[str]) -> List[str]:
     """The hardware devices (`CPU:0`, `TPU:1`...) behind xla devices."""
-    from ._api import _device_position, real_devices
-    real = real_devices()
-    return [real[_device_position(d)] for d in devices]
+    from ._api import _real_devices_of
+    return _real_devices_of(devices)
 
 
 def _get_xla_tensor_dimension_size(t: torch.Tensor, dim: int) -> torch.Tensor:

@@ -43,6 +43,13 @@ def real_devices() -> List[str]:
     return [f"{p}:{i}" for i in runtime.device_indices()]
 
 
+def _real_devices_of(devices: List[Union[str, torch.device]]) -> List[str]:
+    """The hardware devices behind xla devices `devices` of this process (`real_devices()`
+    by position; another process's device is a RuntimeError)."""
+    real = real_devices()
+    return [real[_device_position(d)] for d in devices]
+
+
 def _device_position(d: Union[str, torch.device]) -> int:
     """The position of xla device `d` among this process's devices (`devices()`); an index
     without a device here (another process's) is a RuntimeError."""

@@ -109,8 +109,7 @@ tensor.set_index_resolver(_decide_device_index)
 
 def device_index() -> int:
     """This process's device index: its device is `xla:<index>` (decided at first use)."""
-    i = tensor.DEVICE_INDEX[0]
-    return tensor.device_index() if i is None else i
+    return tensor.device_index()
 
 
 def device_indices() -> List[int]:

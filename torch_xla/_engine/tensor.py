@@ -149,14 +149,14 @@ def _first_empty(shape, dtype: torch.dtype) -> torch.Tensor:
 
 def creation_function() -> Callable:
     """The function that makes this process's tensors (installed at its first call)."""
-    global create_empty, _create_empty
+    global _create_empty
     if _create_empty is _first_empty:
         i = device_index()
-        create_empty = _create_empty = _EMPTY_ON_0 if i == 0 else _indexed_empty(i)
+        _create_empty = _EMPTY_ON_0 if i == 0 else _indexed_empty(i)
     return _create_empty
 
 
-create_empty = _create_empty = _first_empty
+_create_empty = _first_empty
 
 
 class _DLDevice(ctypes.Structure):
@@ -257,7 +257,6 @@ def _indexed_empty(index: int) -> Callable:
             r = record(shape, dtype)
         return _import(_new(r, _name, None))
 
-    create.index = index
     create.record = record
     return create
 

@@ -10,7 +10,7 @@ import torch
 
 import torch_xla
 from .. import runtime as xr
-from .._api import _device_position
+from .._api import _real_devices_of
 from .._engine import collectives as _coll, executor, ir, rng, runtime
 from .._engine.executor import analysis as _analysis
 
@@ -82,10 +82,9 @@ def xla_replication_devices(local_devices: Optional[List[Union[str, torch.device
 
 
 def xla_real_devices(devices: Optional[List[Union[str, torch.device]]] = None) -> List[str]:
-    real = torch_xla.real_devices()
     if devices is None:
-        return real
-    return [real[_device_position(d)] for d in devices]
+        return torch_xla.real_devices()
+    return _real_devices_of(devices)
 
 
 def is_xla_tensor(tensor: torch.Tensor) -> bool:

@@ -73,14 +73,15 @@ def specialise(k: OpKernel):
     `OpKernel.__call__`, which it calls for anything else (first call of a shape, other
     CPU scalars, fallbacks, eager mode), without the per-argument kind dispatch."""
     low = k.low
+    create = tensor.creation_function()
     ns = {"generic": k.__call__, "outputs": k._outputs, "cache": k.cache, "one": k.one,
           "make_tensor": make_tensor, "Tensor": torch.Tensor, "REFS": REFS, "EAGER": EAGER, "freeze": freeze,
           "NOSPECIAL": NO_SPECIAL_SCALARS, "NAME": k.name, "LOW": low, "PROMOTE": low.promote,
           "COUNT": k.op_count, "copysign": math.copysign, "make_node": ir.make_node,
           "scalar_param": ir.scalar_param, "NEW": object.__new__, "Node": ir.Node, "RECORDING": ir.RECORDING,
           "record_source": ir.record_source, "CHECK_SOURCES": ir.CHECK_SOURCES, "user_line": ir.user_line,
-          "CREATED": tensor.CREATED, "EMPTY": tensor.creation_function(), "TensorState": tensor.TensorState,
-          "RECORD": getattr(tensor.creation_function(), "record", None), "IMPORT": tensor._from_dlpack,
+          "CREATED": tensor.CREATED, "EMPTY": create, "TensorState": tensor.TensorState,
+          "RECORD": getattr(create, "record", None), "IMPORT": tensor._from_dlpack,
           "CAPSULE": tensor._capsule_new, "DLTENSOR": tensor._DLTENSOR,
           "PENDING": tensor.pending.refs, "WEAK": weakref.ref}
     params, call, tensors, lines, key, argv, scalars = [], [], [], [], ["NAME"], [], []
