@@ -284,3 +284,38 @@ def test_specialised_kernel_records_sources_and_index_check_lines():
     assert ir.CHECK_SOURCES[unwrap(sel)._xla.node].endswith(f"test_architecture.py:{line + 4}")
     assert torch.equal(sel.cpu(), torch.index_select(a.cpu(), 0, idx.cpu()))
     xm.mark_step()
+
+
+
+_GC_DURING_IMPORTS = r"""
+import gc, sys
+import torch
+full = []
+gc.callbacks.append(lambda phase, info: full.append(1) if phase == "start" and info["generation"] == 2 else None)
+if sys.argv[1] == "off":
+    gc.disable()
+import torch_xla
+after_xla = (len(full), gc.isenabled())
+import torch._dynamo
+print(after_xla[0], after_xla[1], len(full) - after_xla[0], gc.isenabled(), gc.get_freeze_count() > 0)
+"""
+
+
+@pytest.mark.parametrize("tune", ["1", "0"])
+@pytest.mark.parametrize("state", ["on", "off"])
+def test_collector_paused_during_imports_and_restored(tune, state):
+    # `quiet_gc_imports`: no full collection inside `import torch_xla` nor inside the import
+    # of torch._dynamo, what they made is frozen after, and the collector's state is the
+    # program's. With PT_XLA_TUNE_GC=0 full passes run during both imports (which shows the
+    # test sees them) and nothing is frozen.
+    env = dict(os.environ, PJRT_DEVICE="CPU", PT_XLA_TUNE_GC=tune)
+    r = subprocess.run([sys.executable, "-c", _GC_DURING_IMPORTS, state], capture_output=True,
+                       text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    n_xla, on_after_xla, n_dynamo, on_after_dynamo, frozen = r.stdout.split()
+    assert on_after_xla == on_after_dynamo == str(state == "on")
+    assert frozen == str(tune == "1" and state == "on")
+    if tune == "1" or state == "off":
+        assert (n_xla, n_dynamo) == ("0", "0")
+    else:
+        assert int(n_xla) > 0 and int(n_dynamo) > 0

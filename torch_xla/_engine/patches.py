@@ -97,7 +97,7 @@ REGISTRY: List[Patch] = [
           "XLA:CPU's large buffers would be mmapped and page-faulted in again at every step "
           "(`platform/host_memory.py`)"),
     Patch("lazy_dynamo_disable", "PyTorch's `torch._disable_dynamo` wrappers (found with "
-          "`gc.get_objects()`)", "jax start", "PT_XLA_LAZY_DYNAMO_DISABLE",
+          "`gc.get_objects()`)", "import", "PT_XLA_LAZY_DYNAMO_DISABLE",
           "PyTorch's Python meta kernels import `torch._dynamo` (1-2 s) on their first call "
           "only to mark themselves untraceable; until something imports it they run plainly"),
     Patch("tune_gc", "Python's garbage collector (`gc.freeze()`, youngest threshold 10,000)",
@@ -105,6 +105,13 @@ REGISTRY: List[Patch] = [
           "traced ops keep Python objects alive until the barrier: the collector's passes "
           "rescanned them and the imports' ~370k objects (63% of tracing time at 20k pending "
           "ops, `bench/bench_gc.py`)"),
+    Patch("quiet_gc_imports", "Python's garbage collector: paused during `import torch_xla` and during "
+          "the import of `torch._dynamo` (an import hook), restored after",
+          "import", "PT_XLA_TUNE_GC",
+          "the collector's full passes over torch's ~370k import-time objects were 40% of these "
+          "imports (`import torch_xla` after torch 0.62 -> 0.39 s, `torch._dynamo`, which "
+          "torch.optim imports at its first step, 0.97 -> 0.58 s); cyclic garbage made "
+          "meanwhile is collected by the next pass"),
     Patch("inline_backward", "the autograd engine's `run_backward` "
           "(`torch.autograd.Variable._execution_engine`): multithreading off during each call",
           "first xla device use of a process of a multi-process CPU job",
@@ -188,6 +195,8 @@ def install_import_time() -> None:
             and signature_matches(_orig_apply, ["self", "fn", "recurse"], "torch.nn.Module._apply")):
         torch.nn.Module._apply = _apply
     install_dynamo_skips()
+    if enabled("quiet_gc_imports"):
+        install_quiet_dynamo_import()
 
 
 def install_dynamo_skips() -> None:
@@ -211,11 +220,15 @@ def _skip_engine(rules) -> None:
         rules._recompile_re()
 
 
-class _AfterTraceRules:
-    """A one-shot import hook: runs `_skip_engine` right after torch._dynamo.trace_rules loads."""
+class _OneShotImportHook:
+    """A one-shot import hook: wraps the loading of module `NAME` with `around(run, module)`."""
+    NAME = ""
+
+    def around(self, run, module) -> None:
+        run(module)
 
     def find_spec(self, name, path, target=None):
-        if name != "torch._dynamo.trace_rules":
+        if name != self.NAME:
             return None
         sys.meta_path.remove(self)
         import importlib.util
@@ -223,18 +236,59 @@ class _AfterTraceRules:
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            _skip_engine(module)
-        spec.loader.exec_module = exec_module
+        spec.loader.exec_module = lambda module: self.around(run, module)
         return spec
+
+
+class _AfterTraceRules(_OneShotImportHook):
+    """Runs `_skip_engine` right after torch._dynamo.trace_rules loads."""
+    NAME = "torch._dynamo.trace_rules"
+
+    def around(self, run, module) -> None:
+        run(module)
+        _skip_engine(module)
+
+
+# ---- quiet_gc_imports ---------------------------------------------------------------------------
+# (`import torch_xla` pauses the collector itself: torch_xla/__init__.py.)
+
+class _QuietDynamoImport(_OneShotImportHook):
+    """Runs torch._dynamo's import (torch.optim's first step or torch.compile does it) with
+    the collector paused: its full passes rescanned torch's import-time objects."""
+    NAME = "torch._dynamo"
+
+    def around(self, run, module) -> None:
+        import gc
+        paused = gc.isenabled()
+        if paused:
+            gc.disable()
+        try:
+            run(module)
+            if paused:
+                freeze_young()
+        finally:
+            if paused:
+                gc.enable()
+
+
+def freeze_young() -> None:
+    """After an import with the collector paused: its cyclic garbage, all in the youngest
+    generation, is collected, and what survives joins the permanent generation (as
+    `tune_gc` does at jax start), so that no full pass rescans it."""
+    import gc
+    gc.collect(0)
+    gc.freeze()
+
+
+def install_quiet_dynamo_import() -> None:
+    """`quiet_gc_imports` for torch._dynamo (when it is not imported yet)."""
+    if ("torch._dynamo" not in sys.modules
+            and not any(isinstance(f, _QuietDynamoImport) for f in sys.meta_path)):
+        sys.meta_path.insert(0, _QuietDynamoImport())
 
 
 def after_jax_start() -> None:
     """The entries applied once jax has started (they must see its loaded modules)."""
-    if enabled("lazy_dynamo_disable"):
-        lazy_dynamo_disable()   # before gc.freeze(), which hides what it looks for
     if enabled("tune_gc"):
         tune_gc()
 
