@@ -5,7 +5,7 @@ and off, and the original.
                                                      [--rounds 3] [--steps 6] [--original-venv PATH]
 
 Each round launches one fresh process per contender (contenders alternate, so the drift of
-a shared machine hits them alike). A process imports torch, torch_xla and torch._dynamo
+a shared machine hits them alike). A process imports torch, torch_xla and then torch._dynamo
 (torch.optim imports it at its first step: it is counted as an import, as the original
 imports it with torch_xla), then times from the end of the imports: building the model
 on the device, the first step up to its loss on the host, and every step up to `--steps`
@@ -27,9 +27,10 @@ import common  # noqa: E402
 
 def worker_xla(wl, steps):
     import torch  # noqa: F401
-    import torch._dynamo  # noqa: F401
     import torch_xla  # noqa: F401
     import torch_xla.core.xla_model  # noqa: F401
+    # After torch_xla, where a training script meets it (torch.optim's first step).
+    import torch._dynamo  # noqa: F401
     t_ready = time.time()
     common.set_threads()
     stats = common.XlaCompileStats()

@@ -97,7 +97,7 @@ REGISTRY: List[Patch] = [
           "XLA:CPU's large buffers would be mmapped and page-faulted in again at every step "
           "(`platform/host_memory.py`)"),
     Patch("lazy_dynamo_disable", "PyTorch's `torch._disable_dynamo` wrappers (found with "
-          "`gc.get_objects()`)", "import", "PT_XLA_LAZY_DYNAMO_DISABLE",
+          "`gc.get_referrers` of their code)", "import", "PT_XLA_LAZY_DYNAMO_DISABLE",
           "PyTorch's Python meta kernels import `torch._dynamo` (1-2 s) on their first call "
           "only to mark themselves untraceable; until something imports it they run plainly"),
     Patch("tune_gc", "Python's garbage collector (`gc.freeze()`, youngest threshold 10,000)",
@@ -368,8 +368,8 @@ _dynamo_patched = [False]
 
 def lazy_dynamo_disable() -> None:
     """Gives every `torch._disable_dynamo` wrapper the stand-in above (once; nothing to do
-    when torch._dynamo is already imported). It finds them among the collector's objects
-    (~70 ms), before `gc.freeze()` would hide them."""
+    when torch._dynamo is already imported). It finds them among the collector's objects,
+    before `gc.freeze()` would hide them."""
     if _dynamo_patched[0] or not enabled("lazy_dynamo_disable"):
         return
     _dynamo_patched[0] = True
@@ -382,7 +382,9 @@ def lazy_dynamo_disable() -> None:
         warnings.warn("torch_xla: not patching torch._disable_dynamo: its wrapper looks different")
         return
     import gc
-    for f in gc.get_objects():
+    # The wrappers are the functions whose code is `code` (its referrers: 16 ms here,
+    # against 42 ms for a Python loop over every object the collector tracks).
+    for f in gc.get_referrers(code):
         if type(f) is types.FunctionType and f.__code__ is code:
             fn = f.__closure__[i_fn].cell_contents
             if getattr(fn, "__dynamo_disable", None) is None:
