@@ -286,7 +286,6 @@ def test_specialised_kernel_records_sources_and_index_check_lines():
     xm.mark_step()
 
 
-
 _GC_DURING_IMPORTS = r"""
 import gc, sys
 import torch

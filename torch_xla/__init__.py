@@ -11,8 +11,8 @@ import gc as _gc
 from ._engine import config as _config
 
 # Patch `quiet_gc_imports`: the collector's full passes over torch's import-time objects
-# were 40% of this import (docs/ARCHITECTURE.md); cyclic garbage made meanwhile is
-# collected by its next pass.
+# were a third of this import (docs/ARCHITECTURE.md); at its end the import's cyclic
+# garbage is collected and the objects are frozen.
 _gc_paused = bool(_config.get("PT_XLA_TUNE_GC")) and _gc.isenabled()
 if _gc_paused:
     _gc.disable()
