@@ -77,6 +77,7 @@ def measure(name, trees, args) -> tuple:
     runs = {"base": [], "new": []}
     for r in range(args.rounds):
         for side in (("base", "new") if r % 2 == 0 else ("new", "base")):
+            common.compile_bytecode(trees[side])
             res = common.run_worker(os.path.abspath(__file__), "xla", args,
                                     dict(worker_args, module=module, tree=trees[side]),
                                     extra_env={"PYTHONPATH": trees[side]})

@@ -269,6 +269,20 @@ def worker_env(original: bool) -> dict:
     return env
 
 
+_bytecode_ready = set()
+
+
+def compile_bytecode(tree: str = REPO_DIR) -> None:
+    """Writes the torch_xla bytecode (`__pycache__`) of checkout `tree` once, as `pip
+    install` does for an installed package: without it (an editable checkout on a machine
+    that sets PYTHONDONTWRITEBYTECODE) every worker would compile ~90 modules at import,
+    ~0.08 s that no installed copy pays."""
+    if tree not in _bytecode_ready:
+        import compileall
+        compileall.compile_dir(os.path.join(tree, "torch_xla"), quiet=1)
+        _bytecode_ready.add(tree)
+
+
 def run_worker(script: str, contender: str, args, worker_args: dict = None,
                extra_env: dict = None) -> dict:
     """Runs `script --worker contender` in a fresh subprocess, returns its result dict
@@ -281,6 +295,7 @@ def run_worker(script: str, contender: str, args, worker_args: dict = None,
     else:
         python = sys.executable
         worker = contender
+        compile_bytecode()
     cmd = [python, os.path.abspath(script), "--worker", worker,
            "--worker-args", json.dumps(worker_args or {})]
     if args.quick:
