@@ -7,7 +7,7 @@
 4. this process joins its job (`job.join`: jax.distributed, warm-up) when it is one of
    several;
 5. the process patches that must see the loaded modules (`patches.after_jax_start`:
-   meta kernels that need not import torch._dynamo, then the garbage collector's tuning);
+   the garbage collector's tuning);
 6. the `after_start` hooks (SPMD mode when `XLA_USE_SPMD` is set).
 
 What `import torch_xla` itself does (device, kernels, import-time patches) is in
