@@ -32,7 +32,7 @@ RuntimeError instead.
 from __future__ import annotations
 
 import re
-from typing import Any, List, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -63,23 +63,18 @@ def _host(source: Any) -> Optional[torch.UntypedStorage]:
     return host
 
 
-def _host_view(self: torch.Tensor, source: Any, offset: int, size: Sequence[int],
+def _host_view(self: torch.Tensor, source: Any, offset: int, size: Optional[Sequence[int]],
                stride: Optional[Sequence[int]], op: str) -> torch.Tensor:
-    """The CPU tensor `set_` would make of the CPU storage `source` stands for."""
+    """The CPU tensor `set_` would make of the CPU storage `source` stands for (`size`
+    None: `set_(storage)`, the whole storage as a 1-d tensor of `self`'s dtype)."""
     host = _host(source)
     if host is None:
         raise _refuse_empty(op)
+    if size is None:
+        size = [host.nbytes() // self.dtype.itemsize]
     cpu = torch.empty((0,), dtype=self.dtype)
     # PyTorch's own set_ checks the view against the storage's size.
     return cpu.set_(host, int(offset), [int(v) for v in size], [int(v) for v in (stride or [])])
-
-
-def _whole(source: Any, dtype: torch.dtype) -> List[int]:
-    """`set_(storage)` views the whole storage as a 1-d tensor of `dtype`."""
-    host = _host(source)
-    if host is None:
-        return [0]
-    return [host.nbytes() // dtype.itemsize]
 
 
 def k_set_storage(self: torch.Tensor, source: Any, storage_offset: int, size: Sequence[int],
@@ -91,7 +86,7 @@ def k_set_storage(self: torch.Tensor, source: Any, storage_offset: int, size: Se
 
 
 def k_set_storage_whole(self: torch.Tensor, source: Any) -> torch.Tensor:
-    cpu = _host_view(self, source, 0, _whole(source, self.dtype), None, "aten::set_.source_Storage")
+    cpu = _host_view(self, source, 0, None, None, "aten::set_.source_Storage")
     return wrap_user(from_cpu(cpu))
 
 
@@ -115,7 +110,7 @@ def k_set_storage_(self: torch.Tensor, source: Any, storage_offset: int, size: S
 
 
 def k_set_storage_whole_(self: torch.Tensor, source: Any) -> torch.Tensor:
-    cpu = _host_view(self, source, 0, _whole(source, self.dtype), None, "aten::set_.source_Storage")
+    cpu = _host_view(self, source, 0, None, None, "aten::set_.source_Storage")
     return _set_inner(self, from_cpu(cpu))
 
 
