@@ -6,17 +6,12 @@ docs/ARCHITECTURE.md); jax itself starts at the first use of a device (`_engine/
 """
 from __future__ import annotations
 
-import gc as _gc
-
+from ._engine import collector as _collector
 from ._engine import config as _config
 
 # Patch `quiet_gc_imports`: the collector's full passes over torch's import-time objects
-# were a third of this import (docs/ARCHITECTURE.md); at its end the import's cyclic
-# garbage is collected and the objects are frozen.
-_gc_paused = bool(_config.get("PT_XLA_TUNE_GC")) and _gc.isenabled()
-if _gc_paused:
-    _gc.disable()
-try:
+# were a third of this import (docs/ARCHITECTURE.md).
+with _collector.paused(bool(_config.get("PT_XLA_TUNE_GC"))):
     from ._engine import device as _device
     from ._engine import kernels as _kernels
     from ._engine import patches as _patches
@@ -39,12 +34,7 @@ try:
     from . import _XLAC  # noqa: E402,F401  (documented as torch_xla._XLAC)
     from ._api import (device, devices, device_count, sync, step, compile, manual_seed,  # noqa: E402
                        launch, real_devices, is_xla_tensor)
-    _patches.lazy_dynamo_disable()   # before a gc.freeze(), which would hide what it looks for
-    if _gc_paused:
-        _patches.freeze_young()
-finally:
-    if _gc_paused:
-        _gc.enable()
+    _patches.lazy_dynamo_disable()   # before the collector's freeze, which would hide what it looks for
 
 # The API level: the version of PyTorch/XLA whose public API this package implements, so
 # that clients gating on `torch_xla.__version__` (accelerate, Lightning) take the path

@@ -22,7 +22,7 @@ from typing import Callable, List, Optional
 
 import torch
 
-from . import config
+from . import collector, config
 
 
 @dataclass(frozen=True)
@@ -259,26 +259,8 @@ class _QuietDynamoImport(_OneShotImportHook):
     NAME = "torch._dynamo"
 
     def around(self, run, module) -> None:
-        import gc
-        paused = gc.isenabled()
-        if paused:
-            gc.disable()
-        try:
+        with collector.paused():
             run(module)
-            if paused:
-                freeze_young()
-        finally:
-            if paused:
-                gc.enable()
-
-
-def freeze_young() -> None:
-    """After an import with the collector paused: its cyclic garbage, all in the youngest
-    generation, is collected, then every tracked object joins the permanent generation
-    (as `tune_gc` does at jax start), so that no full pass rescans them."""
-    import gc
-    gc.collect(0)
-    gc.freeze()
 
 
 def install_quiet_dynamo_import() -> None:
