@@ -19,7 +19,7 @@ setup: $(STAMP)
 demo: $(STAMP)
 	PJRT_DEVICE=CPU $(VPY) examples/train_mnist_xla.py --fake_data --num_epochs 1 --num_steps 60
 
-## Lint: pyflakes errors (unused imports, undefined names) and the import layering contracts.
+## Lint: pyflakes errors (unused imports, undefined names), unused arguments of the public modules, and the import layering contracts.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check torch_xla tests bench tools examples
 	$(VENV)/bin/lint-imports

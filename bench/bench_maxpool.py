@@ -16,9 +16,9 @@ import numpy as np
 
 def main() -> None:
     import torch_xla  # noqa: F401  (configures jax)
-    from torch_xla._engine import runtime
+    from torch_xla._engine import pjrt
     from torch_xla._engine.lowering import pooling
-    jax = runtime.jax_module()
+    jax = pjrt.jax_module()
     jnp = jax.numpy
 
     def median_ms(f, *a):

@@ -317,15 +317,15 @@ def main(argv=None):
     import torch
     import common
     import models_torch
-    from torch_xla._engine import runtime
+    from torch_xla._engine import pjrt
     from torch_xla._engine.platform import policy
     from torch_xla._engine.lowering import conv_cpu
-    jax = runtime.jax_module()
+    jax = pjrt.jax_module()
     import jax.numpy as jnp
 
     torch.set_num_threads(2)
     graph, params = common.traced_step_graph(models_torch.workload(args.model))
-    opts = policy(runtime.platform()).compiler_options(graph.op_avals())
+    opts = policy(pjrt.platform()).compiler_options(graph.op_avals())
     global ENGINE_MAX_POOL, ENGINE_IM2COL, CHUNK_ROWS
     ENGINE_IM2COL = conv_cpu.conv_im2col
     CHUNK_ROWS = args.chunk

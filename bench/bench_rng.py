@@ -52,9 +52,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     import numpy as np
     import torch_xla  # noqa: F401  (the engine's jax set-up: x64, platform)
-    from torch_xla._engine import runtime
+    from torch_xla._engine import pjrt
     from torch_xla._engine.lowering import prng
-    jax = runtime.jax_module()
+    jax = pjrt.jax_module()
     import jax.numpy as jnp
 
     gens = {"threefry2x32 (jax default)": "threefry2x32", "splitmix64 (this project)": prng.impl()}

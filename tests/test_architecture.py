@@ -11,7 +11,7 @@ import torch
 
 import torch_xla
 import torch_xla.core.xla_model as xm
-from torch_xla._engine import config, patches
+from torch_xla._engine import env_vars, patches
 from torch_xla._engine.kernels import KERNELS
 from torch_xla._engine.tensor import unwrap
 
@@ -70,7 +70,7 @@ def test_torch_library_only_under_kernels_and_environ_only_in_config():
         if re.search(r"\btorch\.library\.", code):
             assert rel.startswith("torch_xla/_engine/kernels/"), rel
         if "os.environ" in code or "os.getenv" in code:
-            assert rel == "torch_xla/_engine/config.py", rel
+            assert rel == "torch_xla/_engine/env_vars.py", rel
 
 
 def test_no_module_over_800_lines():
@@ -83,7 +83,7 @@ def test_architecture_doc_lists_every_patch_and_readme_every_variable():
     arch = (REPO / "docs" / "ARCHITECTURE.md").read_text()
     assert patches.markdown() in arch, "regenerate with: python -m torch_xla._engine.patches"
     readme = (REPO / "README.md").read_text()
-    assert config.table() in readme, "regenerate with: python -c 'from torch_xla._engine import config; print(config.table())'"
+    assert env_vars.table() in readme, "regenerate with: python -c 'from torch_xla._engine import env_vars; print(env_vars.table())'"
 
 
 _META_ERRORS = r"""
@@ -184,6 +184,45 @@ def test_specialised_kernel_is_taken_and_builds_the_generic_node():
             def operands(n):  # scalar parameters are new leaves per call: compare their values
                 return [(o.value, o.avals) if type(o) is ir.ScalarParam else id(o) for o, _ in n.operands]
             assert operands(fn) == operands(gn), name
+    xm.mark_step()
+
+
+def test_every_specialisable_kernel_is_generated_from_its_steps():
+    from torch_xla._engine.kernels.specialise import specialisable, specialise
+    made = [name for name, k in KERNELS.items() if specialisable(k) and callable(specialise(k))]
+    assert len(made) > 400
+
+
+_PRINT_KERNELS = r"""
+import torch, torch_xla
+a = torch.ones(2, 2, device=torch_xla.device())
+for _ in range(2):
+    b = torch.relu(a + a) @ a
+print(b.cpu().sum().item())
+"""
+
+
+def test_print_kernels_prints_the_source_of_the_kernels_it_names():
+    from torch_xla._engine.kernels.specialise import _printed
+    env = dict(os.environ, PJRT_DEVICE="CPU", PT_XLA_PRINT_KERNELS="aten::add.Tensor, mm")
+    r = subprocess.run([sys.executable, "-c", _PRINT_KERNELS], capture_output=True, text=True, timeout=300,
+                       env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "16.0"
+    a = torch.ones(2, 2, device=xm.xla_device())
+    for _ in range(2):
+        torch.relu(a + a) @ a  # the same kernels, generated in this process
+    for name in ("add.Tensor", "mm.default"):
+        k = KERNELS[name]
+        assert r.stderr.count(f"# <kernel {k.name}>:") == 1, name
+        assert k.fast.source in r.stderr, name
+    assert "<kernel aten::relu" not in r.stderr
+    with env_vars.overlay({"PT_XLA_PRINT_KERNELS": "1"}):
+        assert _printed("aten::relu")
+    with env_vars.overlay({"PT_XLA_PRINT_KERNELS": "add, aten::mm.default"}):
+        assert _printed("aten::add.Tensor") and _printed("aten::add.Scalar") and _printed("aten::mm")
+        assert not _printed("aten::addmm")
+    assert not _printed("aten::add.Tensor")
     xm.mark_step()
 
 

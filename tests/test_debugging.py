@@ -14,7 +14,7 @@ import torch
 
 import torch_xla
 import torch_xla._XLAC as _XLAC
-from torch_xla._engine import config
+from torch_xla._engine import env_vars
 from torch_xla._engine.lowering.table import LOWERINGS
 
 
@@ -172,7 +172,7 @@ def test_save_hlo_file_on_compile_error(tmp_path):
         raise ValueError("lowering broken on purpose")
     low.fn = broken
     try:
-        with config.overlay({"XLA_SAVE_HLO_FILE": str(path), "XLA_DUMP_HLO_GRAPH": "1"}):
+        with env_vars.overlay({"XLA_SAVE_HLO_FILE": str(path), "XLA_DUMP_HLO_GRAPH": "1"}):
             t = (torch.full((3,), 0.25, device=torch_xla.device()) * 2).erfinv()
             with pytest.raises(Exception) as err:
                 torch_xla.sync()
@@ -254,7 +254,7 @@ def test_debug_env_vars_are_registered():
                  "XLA_USE_BF16", "XLA_DOWNCAST_BF16", "XLA_USE_SPMD", "XLA_PERSISTENT_CACHE_PATH",
                  "XLA_USE_EAGER_DEBUG_MODE", "XLA_DUMP_HLO_GRAPH", "TF_CPP_MIN_LOG_LEVEL", "TF_CPP_VMODULE",
                  "TF_CPP_LOG_THREAD_ID", "XLA_DYNAMO_DEBUG"):
-        assert name in config.VARS, name
+        assert name in env_vars.VARS, name
 
 
 _DEVICE_TYPES_SET_AFTER_IMPORT = r"""

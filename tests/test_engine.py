@@ -523,13 +523,13 @@ def test_first_ops_do_not_import_dynamo(tmp_path):
 
 def test_dynamo_stand_in_hands_over_once_dynamo_is_imported():
     import torch._dynamo  # noqa: F401
-    from torch_xla._engine import patches
+    from torch_xla._engine import process_patches
 
     def double(x):
         return x * 2
 
     wrapped = torch._disable_dynamo(double)
-    stand_in = patches._UntilDynamo(double, True)
+    stand_in = process_patches._UntilDynamo(double, True)
     setattr(double, "__dynamo_disable", stand_in)
     assert wrapped(torch.tensor([1.0, 2.0])).tolist() == [2.0, 4.0]
     real = getattr(double, "__dynamo_disable")

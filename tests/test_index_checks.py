@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import torch_xla
 import torch_xla.core.xla_model as xm
-from torch_xla._engine import config, executor, launcher, runtime
+from torch_xla._engine import env_vars, executor, launcher, pjrt
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -116,7 +116,7 @@ def test_error_surfaces_at_wait_device_ops_and_next_barrier():
         xm.wait_device_ops()
     y = x[torch.tensor([9], device="xla")] * 2  # noqa: F841
     xm.mark_step()
-    runtime.wait_all_buffers()  # the program has finished: the next barrier sees its result
+    pjrt.wait_all_buffers()  # the program has finished: the next barrier sees its result
     z = x + 1
     with pytest.raises(IndexError, match="index 9 is out of bounds"):
         xm.mark_step()
@@ -193,7 +193,7 @@ def test_nll_loss_argument_errors_match_cpu(case):
 
 def test_checks_off(monkeypatch):
     monkeypatch.setenv("XLA_CHECK_INDICES", "0")
-    config.reload()
+    env_vars.reload()
     executor.clear_cache()
     try:
         x = torch.arange(4.0, device="xla")
@@ -201,7 +201,7 @@ def test_checks_off(monkeypatch):
         torch.testing.assert_close(got, torch.tensor([3.0]))
     finally:
         monkeypatch.delenv("XLA_CHECK_INDICES")
-        config.reload()
+        env_vars.reload()
         executor.clear_cache()
 
 

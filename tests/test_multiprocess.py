@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from torch_xla._engine import job, launcher, runtime, tensor
+from torch_xla._engine import job, launcher, pjrt, tensor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -254,7 +254,7 @@ def test_device_numbering_4_processes(tmp_path):
 
 def test_device_index_rule():
     """xla:<global ordinal> only for a multi-process CPU job outside SPMD mode."""
-    rule = runtime.index_rule
+    rule = pjrt.index_rule
     assert rule("CPU", 4, 2, False) == (2, True)
     assert rule("CPU", 4, 0, False) == (0, True)
     assert rule("CPU", 1, 0, False) == (0, False)
@@ -267,7 +267,7 @@ _ON_INDEX_3 = textwrap.dedent("""
     import torch, torch_xla
     from torch_xla._engine import patches, tensor
     tensor.set_device_index(3)           # as a replica of a CPU job decides it
-    patches.install_inline_backward()
+    patches.install("inline_backward")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 2))
     ref = [p.detach().clone() for p in model.parameters()]
@@ -309,7 +309,7 @@ def test_training_on_another_index_matches_cpu():
     assert "DEVICES ['xla:3']" in out.stdout, out.stdout
 
 
-@pytest.mark.parametrize("dtype", sorted(runtime._TORCH_TO_NP, key=str))
+@pytest.mark.parametrize("dtype", sorted(pjrt._TORCH_TO_NP, key=str))
 def test_tensors_on_another_index_keep_their_metadata(dtype):
     """The creation function of a process on xla:3 gives what PyTorch's device-0
     constructor gives (sizes, strides, dtype, keys), on xla:3."""

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from torch_xla._engine import collectives, job, launcher
+from torch_xla._engine import comm, job, launcher
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -81,7 +81,7 @@ class _Evil:
 def test_mesh_reduce_payload_never_runs_code():
     payload = pickle.dumps(("s", _Evil()))
     with pytest.raises(pickle.UnpicklingError):
-        collectives.decode_host(payload)
+        comm.decode_host(payload)
     assert _Evil.ran == []
 
 
@@ -89,7 +89,7 @@ def test_mesh_reduce_encoding_round_trip_and_refusal():
     import numpy as np
     v = {"a": [1, 2.5, "x", None, b"q", (torch.arange(3),)], 3: np.arange(6.0).reshape(2, 3),
          "g": np.int16(7), "z": torch.Size([2]), "d": torch.bfloat16, "c": 1 + 2j}
-    got = collectives.decode_host(collectives.encode_host(v))
+    got = comm.decode_host(comm.encode_host(v))
     assert got["a"][:5] == v["a"][:5]
     torch.testing.assert_close(got["a"][5][0], v["a"][5][0])
     np.testing.assert_array_equal(got[3], v[3])
@@ -97,7 +97,7 @@ def test_mesh_reduce_encoding_round_trip_and_refusal():
     assert got["g"] == v["g"] and type(got["g"]) is np.int16
     assert (got["z"], got["d"], got["c"]) == (v["z"], v["d"], v["c"])
     with pytest.raises(TypeError, match="mesh_reduce cannot exchange a value of type _Evil"):
-        collectives.encode_host([_Evil()])
+        comm.encode_host([_Evil()])
 
 
 def test_persistent_cache_loads_no_pickle(tmp_path, monkeypatch):
@@ -132,5 +132,5 @@ def test_persistent_cache_loads_no_pickle(tmp_path, monkeypatch):
         with pytest.raises(IndexError, match="index 9 is out of bounds for dimension 0 with size 6"):
             (x[torch.tensor([1, 9], device="xla")] * 3).cpu()
     finally:
-        persistent._state["dir"] = None
+        persistent.configure(None)
         executor.clear_cache()

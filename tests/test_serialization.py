@@ -181,7 +181,7 @@ _ON_INDEX_3 = textwrap.dedent("""
     import io, torch, torch_xla
     from torch_xla._engine import patches, tensor
     tensor.set_device_index(3)           # as a replica of a multi-process CPU job decides it
-    patches.install_inline_backward()
+    patches.install("inline_backward")
     src = {"a": torch.randn(3, 4), "b": torch.arange(6)[1::2]}
     buf = io.BytesIO()
     torch.save(src, buf)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import torch_xla.core.xla_model as xm
 import torch_xla.debug.metrics as met
-from torch_xla._engine import config, runtime
+from torch_xla._engine import env_vars, pjrt
 from torch_xla._engine.executor import compile as compiling
 
 from helpers import XLA, assert_same
@@ -32,7 +32,7 @@ def _train(model, data, device):
 
 def _run(tiered: bool, model, data):
     compiling.clear_cache()
-    with config.overlay({"XLA_TIERED_COMPILE": "1" if tiered else "0"}):
+    with env_vars.overlay({"XLA_TIERED_COMPILE": "1" if tiered else "0"}):
         met.clear_all()
         out = _train(model, data, XLA)
         counts = {k: met.counter_value(k) or 0 for k in ("TieredCompile", "TieredCompileSwitch")}
@@ -56,7 +56,7 @@ def test_tiered_training_matches_eager_and_is_reproducible():
     for a, b in zip(p1, p2):
         assert torch.equal(a, b)
     assert once_counts["TieredCompile"] == 0
-    if runtime.platform() == "CPU":
+    if pjrt.platform() == "CPU":
         # Both step programs (the first step's, then the one with the optimizer's state)
         # compile quickly; the reused one switches to its optimized executable at its
         # third run.

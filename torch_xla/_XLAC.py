@@ -7,18 +7,18 @@ from typing import Dict, List, Optional
 
 import torch
 
-from ._engine import executor, ir, metrics, tensor as _tensor
+from ._engine import executor, ir, telemetry, tensor as _tensor
 from ._engine.executor import dumps as _dumps, hlo_proto as _hlo_proto
 from ._engine.metrics_report import format_report
 from ._engine.tensor import state_of
 
 
 def _roots(tensors: Optional[List[torch.Tensor]]):
-    from ._engine import mode, sharding
+    from ._engine import mode, partitioning
     if mode.SPMD[0]:
         # The constraints the next barrier adds (annotated tensors updated since they were
         # annotated keep their layout): the dumps show the program that will run.
-        sharding.constrain_annotated()
+        partitioning.constrain_annotated()
     if tensors is None:
         states = _tensor.pending.take_live()
         _tensor.pending.restore(states)
@@ -45,7 +45,7 @@ _dt = _dumps.dtype_text
 
 def _get_ir_debug() -> bool:
     """Whether new IR nodes record the Python source line that created them."""
-    return ir.RECORDING[0]
+    return ir.recording.on
 
 
 def _set_ir_debug(enable: bool) -> None:
@@ -88,17 +88,22 @@ def _xla_mark_dynamic(t: torch.Tensor, dim: int) -> None:
 
 
 def _xla_metrics_report() -> str:
-    metrics.settle()
-    return format_report(sorted(metrics.metrics), sorted(metrics.counter_items()))
+    telemetry.settle()
+    return format_report(sorted(telemetry.metrics), sorted(telemetry.counter_items()))
 
 
-def _xla_sync_multi(tensors, devices=(), wait=True, sync_xla_data=True):
+def _xla_sync_multi(tensors, devices=(),  # noqa: ARG001 (the tensors name their devices)
+                    wait=True,
+                    sync_xla_data=True):  # noqa: ARG001 (lets the original donate; a partial sync never does)
+    """Computes the pending values of `tensors` (`wait`: until they exist). PyTorch/XLA's
+    `sync_xla_data` only allows donating input buffers, which a sync of some tensors
+    never does here: other pending IR may still read them."""
     executor.sync(wait=wait, states=[state_of(t) for t in tensors])
 
 
 def _xla_get_default_device() -> str:
-    from ._engine import runtime
-    return f"xla:{runtime.device_index()}"
+    from ._engine import pjrt
+    return f"xla:{pjrt.device_index()}"
 
 
 def _xla_graph_executor_cache_size() -> int:
@@ -115,7 +120,7 @@ def _get_xla_sharding_spec(t: torch.Tensor) -> str:
 
 def _get_xla_sharding_type(t: torch.Tensor) -> Optional[int]:
     """The OpSharding type of `t`'s annotation (None when it has none)."""
-    from ._engine import sharding as _sh
+    from ._engine import partitioning as _sh
     from .distributed.spmd.mesh import sharding_type_of
     g = getattr(t, "global_tensor", t)
     kind = sharding_type_of(_sh.annotation(g), g.dim())
@@ -129,7 +134,7 @@ def _xla_get_auto_sharding() -> bool:
 
 def _get_xla_tensor_debug_info(t: torch.Tensor) -> str:
     """What the engine holds for `t`: its IR value or device data, and its sharding."""
-    from ._engine import mode as _mode, sharding as _sh
+    from ._engine import mode as _mode, partitioning as _sh
     g = getattr(t, "global_tensor", t)
     if not (isinstance(g, torch.Tensor) and g.device.type == "xla"):
         return "Not a XLATensor\n"
@@ -137,7 +142,7 @@ def _get_xla_tensor_debug_info(t: torch.Tensor) -> str:
     lines = ["XLATensor {", f"TensorID: {id(s)}",
              f"Device: {'SPMD:0' if _mode.SPMD[0] else g.device}",
              f"XLA Shape: {_dt(s.dtype)}[{','.join(map(str, s.shape))}]"]
-    from ._engine import runtime as _rt
+    from ._engine import pjrt as _rt
     if type(s.node) is ir.DeviceData and type(s.node.array) is _rt.HostArray:
         lines.append("IR: None")
         lines.append("XLAData: None")
@@ -183,11 +188,14 @@ def _global_tensor_from_cpu_shards(shards, sharding, global_shape=None) -> torch
 
 # ---- the coordination service and preemption (distributed checkpoints) ------------------------
 
-def _ensure_xla_coordinator_initialized(global_rank: int, world_size: int, master_addr: str,
-                                        port: Optional[int] = None) -> None:
-    """Starts the job's coordination service: the runtime joins it when it starts (jax.distributed);
-    nothing is left to do here."""
-    from ._engine import runtime as _rt
+def _ensure_xla_coordinator_initialized(
+        global_rank: int, world_size: int, master_addr: str,  # noqa: ARG001 (the runtime's own, see below)
+        port: Optional[int] = None) -> None:  # noqa: ARG001 (the runtime's own, see below)
+    """Starts the job's coordination service: the runtime joins it when it starts (jax.distributed),
+    from the job's own rank, size and address, so the arguments (the original's signature) are
+    those the runtime already has, and nothing is left to do but start it (the original's call
+    is likewise a no-op once its service runs)."""
+    from ._engine import pjrt as _rt
     _rt.jax_module()
 
 
@@ -208,22 +216,29 @@ def _sync_point_reached(step: int) -> bool:
 
 def _spmd_full_to_shard_shape(t: torch.Tensor) -> torch.Tensor:
     """Each device's piece of annotated tensor `t`, as a per-device value (manual region)."""
-    from ._engine import sharding as _sh
+    from ._engine import partitioning as _sh
     return _sh.full_to_shard(getattr(t, "global_tensor", t))
 
 
 def _spmd_shard_to_full_shape(t: torch.Tensor, sharding, full_shape, dtype=None) -> torch.Tensor:
-    """The global tensor of `full_shape` whose per-device pieces are the values of manual `t`."""
-    from ._engine import sharding as _sh
-    return _sh.shard_to_full(getattr(t, "global_tensor", t), sharding.jax_sharding, tuple(full_shape))
+    """The global tensor of `full_shape` and `dtype` (None: `t`'s) whose per-device pieces are
+    the values of manual `t`."""
+    from ._engine import partitioning as _sh
+    t = getattr(t, "global_tensor", t)
+    if dtype is not None and dtype != t.dtype and _sh.is_manual(t):
+        # Converted per device, inside the region, so that the result keeps its annotation.
+        t = _sh.mark_manual(t.to(dtype))
+    return _sh.shard_to_full(t, sharding.jax_sharding, tuple(full_shape))
 
 
-def OpSharding(tile_assignment, group_assignment, replication_groups, sharding_type):
+def OpSharding(tile_assignment, group_assignment, replication_groups,  # noqa: ARG001 (PARTIAL's, refused below)
+               sharding_type):
     """A concrete sharding from the original's pieces: REPLICATED, or TILED with a tile
-    assignment (the nested list of device ids, one axis per tensor dimension)."""
+    assignment (the nested list of device ids, one axis per tensor dimension); the group
+    arguments describe PARTIAL shardings, which are built with `Mesh.get_op_sharding`."""
     import numpy as np
     from .distributed.spmd.mesh import Mesh, OpSharding as _OpSharding, ShardingType
-    from ._engine import sharding as _sh
+    from ._engine import partitioning as _sh
     kind = ShardingType(int(sharding_type))
     if kind == ShardingType.REPLICATED:
         return _OpSharding(_sh.replicated_sharding(), 0)
@@ -238,7 +253,7 @@ def OpSharding(tile_assignment, group_assignment, replication_groups, sharding_t
 
 def _xla_increment_counter(name: str, value: int = 1) -> None:
     """Adds `value` to the metrics counter `name`."""
-    metrics.inc(name, value)
+    telemetry.inc(name, value)
 
 
 def _xla_get_tensor_id(tensor: torch.Tensor) -> int:
@@ -299,8 +314,8 @@ def _replace_xla_tensor(self: torch.Tensor, source: torch.Tensor) -> torch.Tenso
 
 def _init_computation_client() -> None:
     """Starts the runtime (jax and its PJRT client) now rather than at the first use."""
-    from ._engine import runtime
-    runtime.local_devices()
+    from ._engine import pjrt
+    pjrt.local_devices()
 
 
 # ---- computations built by hand (torch_xla.core.xla_builder) ----------------------------
@@ -319,9 +334,9 @@ def _xla_computation_text(computation) -> str:
 
 def _to_dlpack(t: torch.Tensor):
     """A DLPack capsule of the device buffer holding `t`'s value (CPU device)."""
-    from ._engine import runtime
+    from ._engine import pjrt
     arr = executor.materialize(state_of(t))
-    want = runtime.numpy_dtype(t.dtype)
+    want = pjrt.numpy_dtype(t.dtype)
     if arr.dtype != want:  # XLA_USE_BF16 / XLA_DOWNCAST_BF16 storage
         arr = arr.astype(want)
     return arr.__dlpack__()
@@ -350,13 +365,13 @@ def _get_xla_tensor_dimension_size(t: torch.Tensor, dim: int) -> torch.Tensor:
 
 def _get_xla_tensor_shape_type(t: torch.Tensor) -> str:
     """The XLA element type of `t` on the device ('f32', 'bf16', ...)."""
-    from ._engine import runtime
-    return _dt(runtime.torch_dtype(runtime.device_dtype(t.dtype)))
+    from ._engine import pjrt
+    return _dt(pjrt.torch_dtype(pjrt.device_dtype(t.dtype)))
 
 
 def _get_executed_fallback_ops() -> List[str]:
     """The ops that ran on the CPU fallback so far (`aten::<op>` counters)."""
-    return sorted(k for k in metrics.counters if k.startswith("aten::"))
+    return sorted(k for k in telemetry.counters if k.startswith("aten::"))
 
 
 def _init_xla_lazy_backend() -> None:
@@ -389,7 +404,7 @@ def _xla_dot_general(lhs: torch.Tensor, rhs: torch.Tensor, dim_numbers,
                      preferred_element_type: Optional[torch.dtype] = None) -> torch.Tensor:
     """XLA's DotGeneral of two xla tensors; `dim_numbers` is ((lhs contracting dims, rhs
     contracting dims), (lhs batch dims, rhs batch dims)), `()` for no batch dims."""
-    from ._engine import runtime
+    from ._engine import pjrt
     from ._engine.kernels import engine_op
     contracting, batch = dim_numbers
     batch = batch if batch else ((), ())
@@ -400,12 +415,12 @@ def _xla_dot_general(lhs: torch.Tensor, rhs: torch.Tensor, dim_numbers,
     if rhs.dtype != dtype:
         rhs = rhs.to(dtype)
     out_dtype = preferred_element_type or dtype
-    jax = runtime.jax_module()
+    jax = pjrt.jax_module()
     from jax import lax
     shape = jax.eval_shape(lambda a, b: lax.dot_general(a, b, dn),
-                           jax.ShapeDtypeStruct(tuple(lhs.shape), runtime.device_dtype(dtype)),
-                           jax.ShapeDtypeStruct(tuple(rhs.shape), runtime.device_dtype(dtype))).shape
-    preferred = None if preferred_element_type is None else runtime.device_dtype(preferred_element_type)
+                           jax.ShapeDtypeStruct(tuple(lhs.shape), pjrt.device_dtype(dtype)),
+                           jax.ShapeDtypeStruct(tuple(rhs.shape), pjrt.device_dtype(dtype))).shape
+    preferred = None if preferred_element_type is None else pjrt.device_dtype(preferred_element_type)
     (out,) = engine_op("xla::dot_general", [lhs, rhs], (dn, preferred), [(tuple(shape), out_dtype)])
     return out
 
@@ -436,8 +451,8 @@ def _xla_runtime_is_initialized() -> bool:
 
 def _xla_get_all_devices() -> List[str]:
     """Every device of the job, by runtime name (`CPU:0`, `CPU:1`, ...)."""
-    from ._engine import job, runtime
-    return [f"{runtime.platform()}:{i}" for i in range(job.world_size() * runtime.device_count())]
+    from ._engine import job, pjrt
+    return [f"{pjrt.platform()}:{i}" for i in range(job.world_size() * pjrt.device_count())]
 
 
 def _on_ready_callback(tensor: torch.Tensor, callback) -> None:
@@ -448,7 +463,7 @@ def _on_ready_callback(tensor: torch.Tensor, callback) -> None:
 def _set_allow_execution(allow: bool) -> None:
     """False: any graph execution raises RuntimeError (for code that must only trace)."""
     from ._engine.executor import barrier
-    barrier.ALLOW_EXECUTION[0] = bool(allow)
+    barrier.execution.allowed = bool(allow)
 
 
 def _xla_tensors_report(nodes_threshold: int, device: str) -> str:

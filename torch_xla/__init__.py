@@ -7,34 +7,20 @@ docs/ARCHITECTURE.md); jax itself starts at the first use of a device (`_engine/
 from __future__ import annotations
 
 from ._engine import collector as _collector
-from ._engine import config as _config
+from ._engine import patches as _patches
 
 # Patch `quiet_gc_imports`: the collector's full passes over torch's import-time objects
 # were a third of this import (docs/ARCHITECTURE.md).
-with _collector.paused(bool(_config.get("PT_XLA_TUNE_GC"))):
-    from ._engine import device as _device
-    from ._engine import kernels as _kernels
-    from ._engine import patches as _patches
-    from ._engine import executor as _executor
-
-    _device.register()
-    _kernels.register()
-    _patches.install_import_time()
-    _executor.activate_debugging()
-    _kernels.storage.install_storage_check()
-    if _patches.enabled("load_to_device"):
-        _kernels.storage.install_load()
-    if _patches.enabled("nn_gru"):
-        from .experimental import gru as _gru
-        _gru.install()
-    if _patches.enabled("clip_grad_norm"):
-        from ._internal import clip_grad as _clip_grad
-        _clip_grad.install()
-
+with _collector.paused(_patches.enabled("quiet_gc_imports")):
     from . import _XLAC  # noqa: E402,F401  (documented as torch_xla._XLAC)
     from ._api import (device, devices, device_count, sync, step, compile, manual_seed,  # noqa: E402
                        launch, real_devices, is_xla_tensor)
-    _patches.lazy_dynamo_disable()   # before the collector's freeze, which would hide what it looks for
+    from ._engine import executor as _executor
+
+    # Every import-time change to PyTorch (docs/ARCHITECTURE.md's table), the last of them
+    # before the collector's freeze, which would hide what `lazy_dynamo_disable` looks for.
+    _patches.install_phase(_patches.IMPORT)
+    _executor.activate_debugging()
 
 # The API level: the version of PyTorch/XLA whose public API this package implements, so
 # that clients gating on `torch_xla.__version__` (accelerate, Lightning) take the path

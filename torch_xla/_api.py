@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Callable, List, Optional, Union
+import warnings
+from typing import Any, Callable, List, Optional, Set, Union
 
 import torch
 
-from ._engine import executor, ir, job, metrics, mode, rng, runtime
+from ._engine import executor, ir, job, telemetry, mode, rng, pjrt
 from ._engine.executor import analysis
 
 
@@ -18,8 +19,8 @@ def device(index: Optional[int] = None) -> torch.device:
     a multi-process job on CPU, process i has one device, `xla:i`, which `device()` and
     `device(0)` return."""
     if index is None:
-        return torch.device("xla", runtime.device_index())
-    mine = runtime.device_indices()
+        return torch.device("xla", pjrt.device_index())
+    mine = pjrt.device_indices()
     if index < 0 or index >= max(len(mine), 1):
         raise IndexError(f"xla device index {index} out of range: this process has {len(mine)} "
                          f"device(s), {', '.join(f'xla:{i}' for i in mine)}")
@@ -28,19 +29,19 @@ def device(index: Optional[int] = None) -> torch.device:
 
 def devices() -> List[torch.device]:
     """All XLA devices visible to this process."""
-    return [torch.device("xla", i) for i in runtime.device_indices()]
+    return [torch.device("xla", i) for i in pjrt.device_indices()]
 
 
 def device_count() -> int:
     """The number of XLA devices visible to this process."""
-    return runtime.device_count()
+    return pjrt.device_count()
 
 
 def real_devices() -> List[str]:
     """The hardware devices behind this process's XLA devices, e.g. ['CPU:0'] (named by
     their xla index: process i of a multi-process CPU job has 'CPU:i')."""
-    p = runtime.platform()
-    return [f"{p}:{i}" for i in runtime.device_indices()]
+    p = pjrt.platform()
+    return [f"{p}:{i}" for i in pjrt.device_indices()]
 
 
 def _real_devices_of(devices: List[Union[str, torch.device]]) -> List[str]:
@@ -56,10 +57,39 @@ def _device_position(d: Union[str, torch.device]) -> int:
     d = torch.device(d)
     if d.index is None:
         return 0
-    mine = runtime.device_indices()
+    mine = pjrt.device_indices()
     if d.index not in mine:
-        raise RuntimeError(runtime.device_error(d))
+        raise RuntimeError(pjrt.device_error(d))
     return mine.index(d.index)
+
+
+def _own_device_position(fn: str, d: Union[str, torch.device]) -> int:
+    """`_device_position` of `d`, which must be an xla device (RuntimeError otherwise, as
+    PyTorch/XLA's device check raises)."""
+    dev = torch.device(d)
+    if dev.type != "xla":
+        raise RuntimeError(f"{fn}: {d} is not an xla device")
+    return _device_position(dev)
+
+
+# Per-device requests served process-wide, already warned about: each warns once per process.
+_WARNED: Set[str] = set()
+
+
+def _warn_once(key: str, message: str, stacklevel: int) -> None:
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(message, UserWarning, stacklevel=stacklevel + 1)
+
+
+def _rng_device(fn: str, device: Optional[Union[str, torch.device]]) -> None:
+    """Checks the `device` of a random-number-generator call: one of this process's xla
+    devices. PyTorch/XLA keeps a generator per device; here one generator serves all of
+    this process's devices, so naming another than the first (a process with several
+    devices outside SPMD mode) warns once."""
+    if device is not None and _own_device_position(fn, device) != 0:
+        _warn_once("rng_device", f"{fn}: device={str(device)!r}: this process's devices share one random number "
+                   f"generator, so this also changes what the other devices draw", stacklevel=3)
 
 
 def is_xla_tensor(t: Any) -> bool:
@@ -113,11 +143,11 @@ class _Compiled:
         with analysis.cause("torch_xla.compile clear the pending graph prior calling the target function",
                             f"{self.name}_clear_pending"):
             sync()
-        before = metrics.counters.get("ExecuteCount", 0)
+        before = telemetry.counters.get("ExecuteCount", 0)
         with mode.lazy_scope():
             result = self.fn(*args, **kwargs)
         if self.full_graph:
-            extra = metrics.counters.get("ExecuteCount", 0) - before
+            extra = telemetry.counters.get("ExecuteCount", 0) - before
             if extra:
                 raise RuntimeError(
                     f"torch_xla.compile({self.name!r}, full_graph=True): Unexpected execution happens inside "
@@ -151,7 +181,8 @@ def compile(f: Optional[Callable] = None, full_graph: bool = False, name: Option
 
 
 def manual_seed(seed: int, device: Optional[torch.device] = None) -> None:
-    """Seeds the device random number generator."""
+    """Seeds the device random number generator (`device`: an xla device of this process)."""
+    _rng_device("manual_seed", device)
     rng.set_seed(seed)
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 import sys
 from typing import Dict, List, Optional
 
-from ._engine import runtime as _rt
+from ._engine import pjrt as _rt
 from ._engine import job as _pg
-from ._engine import config as _config
+from ._engine import env_vars as _config
 from ._engine import mode as _mode
-from ._engine import sharding as _sharding
+from ._engine import partitioning as _sharding
 from ._engine.executor import persistent as _persistent
 
 
@@ -146,15 +146,22 @@ def runtime_device_attributes(device: str) -> Dict[str, object]:
     raise ValueError(f"no device named {device!r}")
 
 
-_cache_state = {"path": None}
+class _CacheInit:
+    """`path`: where `initialize_cache` put the persistent cache (None before). Written by
+    the thread that calls it, without a lock."""
+    __slots__ = ("path",)
+
+    def __init__(self):
+        self.path: Optional[str] = None
+
+
+_cache_init = _CacheInit()
 
 
 def initialize_cache(path: str, readonly: bool = False) -> None:
     """Initialises the persistent compilation cache at `path` (before any computation)."""
     jax = _rt.jax_module()
-    if _cache_state["path"] is not None and _cache_state["path"] != path:
-        raise RuntimeError("the persistent cache is already initialised at " + _cache_state["path"])
+    if _cache_init.path is not None and _cache_init.path != path:
+        raise RuntimeError("the persistent cache is already initialised at " + _cache_init.path)
     _persistent.initialize(jax, path, readonly)
-    if readonly:
-        _cache_state["readonly"] = True
-    _cache_state["path"] = path
+    _cache_init.path = path

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from ._engine import capture as _capture, ir, metrics, runtime
+from ._engine import capture as _capture, ir, telemetry, pjrt
 from ._engine.executor.lower import build_fn
 from ._engine.tensor import make_tensor, state_of, wrap_user
 
@@ -56,7 +56,7 @@ class StableHLOFunc:
     text: str = ""
 
     def exported(self):
-        jax = runtime.jax_module()
+        jax = pjrt.jax_module()
         return jax.export.deserialize(bytearray(self.serialized))
 
 
@@ -72,7 +72,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def _to_numpy(t: torch.Tensor) -> np.ndarray:
-    return runtime.to_numpy(t.detach().cpu())
+    return pjrt.to_numpy(t.detach().cpu())
 
 
 class StableHLOGraphModule:
@@ -97,14 +97,14 @@ class StableHLOGraphModule:
                 gd != wd or len(gs) != len(ws) or any(isinstance(w, int) and g != w for g, w in zip(gs, ws))
                 for (gs, gd), (ws, wd) in zip(got, want)):
             raise ValueError(f"StableHLOGraphModule.{method}: inputs {got}, the program was exported for {want}")
-        jax = runtime.jax_module()
+        jax = pjrt.jax_module()
         fn = self._calls.get(method)
         if fn is None:
             fn = self._calls[method] = jax.jit(func.exported().call)
         weights = self._weights(func)
         arrays = [_array_of(t) for t in flat]
         outs = fn(*weights, *arrays)
-        metrics.inc("ExecuteCount")
+        telemetry.inc("ExecuteCount")
         res = []
         for o, (_, dname) in zip(outs, func.output_avals):
             shape, dtype = tuple(o.shape), getattr(torch, dname)
@@ -122,7 +122,7 @@ class StableHLOGraphModule:
                 if t is None:
                     raise ValueError(f"StableHLOGraphModule: weight {name!r} is missing (the export was saved "
                                      "without weights; put them in ._bundle.state_dict)")
-                a = self._device_weights[name] = runtime.put(_to_numpy(t))
+                a = self._device_weights[name] = pjrt.put(_to_numpy(t))
             out.append(a)
         return out
 
@@ -191,16 +191,9 @@ class StableHLOGraphModule:
         return cls(StableHLOModelBundle(state, methods))
 
 
-def _run_decompositions(exported: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
-    """`exported` decomposed to core ATen (PyTorch's default table; `_safe_softmax` as softmax)."""
-    table = torch.export.default_decompositions()
-    table[torch.ops.aten._safe_softmax.default] = torch.softmax
-    return exported.run_decompositions(table)
-
-
 def _array_of(t: torch.Tensor):
     if t.device.type != "xla":
-        return runtime.put(_to_numpy(t))
+        return pjrt.put(_to_numpy(t))
     from ._engine import executor
     return executor.materialize(state_of(t))
 
@@ -307,7 +300,7 @@ def exported_program_to_stablehlo(exported: torch.export.ExportedProgram,
         args, kwargs = exported.example_inputs
     user_leaves, in_spec = pytree.tree_flatten((args, kwargs))
     dynamic = _dynamic_dims(exported, user_leaves)
-    dev = torch.device("xla", runtime.device_index())
+    dev = torch.device("xla", pjrt.device_index())
     xla_weights = [weights[n].to(dev) for n in weight_names]
     user_out_pos = [i for i, s in enumerate(sig.output_specs) if s.kind.name == "USER_OUTPUT"]
     gm = exported.graph_module
@@ -323,16 +316,16 @@ def exported_program_to_stablehlo(exported: torch.export.ExportedProgram,
             return _capture.capture(run, *xla_weights, *xla_user), xla_user
 
     program, xla_user = trace(user_leaves)
-    jax = runtime.jax_module()
+    jax = pjrt.jax_module()
     inputs = xla_weights + [a for a in xla_user if isinstance(a, torch.Tensor)]
     user_shapes = [list(t.shape) for t in inputs[len(xla_weights):]]
     symbolic = None
     if dynamic:
         symbolic, user_shapes = _symbolic_program(program, dynamic, user_leaves, trace)
     fn, extra = _program_function(program, len(xla_weights), options.inline_all_constant, symbolic)
-    avals = [jax.ShapeDtypeStruct(tuple(t.shape), runtime.device_dtype(t.dtype))
+    avals = [jax.ShapeDtypeStruct(tuple(t.shape), pjrt.device_dtype(t.dtype))
              for t in inputs[:len(xla_weights)] + extra]
-    avals += [jax.ShapeDtypeStruct(tuple(shape), runtime.device_dtype(t.dtype))
+    avals += [jax.ShapeDtypeStruct(tuple(shape), pjrt.device_dtype(t.dtype))
               for shape, t in zip(user_shapes, inputs[len(xla_weights):])]
     exp = jax.export.export(jax.jit(fn))(*avals)
     names = list(weight_names) + [f"__constant_{i}" for i in range(len(extra))]
@@ -361,7 +354,7 @@ def _symbolic_program(program, dynamic: Dict[str, dict], leaves: list, trace):
     """The program's graph with sizes as jax symbols (traced at the sizes `plan_sizes`
     picks) and the user inputs' symbolic shapes."""
     from ._engine.executor import symbolic as sym
-    jax = runtime.jax_module()
+    jax = pjrt.jax_module()
     names = list(dynamic)
     constraints = []
     for n in names:

@@ -41,8 +41,8 @@ def listening_addresses(port: int):
 def probe_coordinator(rank: int, outside: list):
     """Rank 0 (the coordination service's host) tries to reach its own port."""
     import torch_xla.core.xla_model as xm
-    from torch_xla._engine import config, job
-    connect, _ = job.service_addresses(config.get("TORCH_XLA_JAX_COORDINATOR"))
+    from torch_xla._engine import env_vars, job
+    connect, _ = job.service_addresses(env_vars.get("TORCH_XLA_JAX_COORDINATOR"))
     port = int(connect.rpartition(":")[2])
     res = {}
     if rank == 0:

@@ -17,7 +17,9 @@ def _boxed(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
     return make_boxed_func(extract_compiled_graph(gm, example_inputs))
 
 
-def dynamo_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
-    """A dynamo backend (`torch.compile(..., backend=dynamo_backend)`)."""
+def dynamo_backend(gm: torch.fx.GraphModule,
+                   example_inputs: Sequence[Any]) -> Callable:  # noqa: ARG001 (dynamo's backend signature)
+    """A dynamo backend (`torch.compile(..., backend=dynamo_backend)`); `aot_function`
+    traces the graph at its first call, from the inputs of that call."""
     from functorch.compile import aot_function
     return aot_function(gm, fw_compiler=_boxed, bw_compiler=_boxed)

@@ -1,2 +1,2 @@
-"""The engine under the public modules (docs/ARCHITECTURE.md): kernels, executor, lowering,
-runtime, platform policies, and the state they share (IR, tensors, modes, config)."""
+"""The engine under the public modules. Its layers and modules are in docs/ARCHITECTURE.md
+("Layout and layers"), which `lint-imports` enforces."""

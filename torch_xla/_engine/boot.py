@@ -1,72 +1,117 @@
 """The runtime's start-up order, in one place (run once, at the first use of jax).
 
-1. jax's options from the PJRT variables (`PJRT_DEVICE`, `CPU_NUM_DEVICES`) and the XLA
-   flags this project sets by default, before jax reads them;
-2. on CPU, the host-memory policy, before the CPU client's threads first allocate;
-3. `import jax` with 64-bit types on;
-4. this process joins its job (`job.join`: jax.distributed, warm-up) when it is one of
-   several;
-5. the process patches that must see the loaded modules (`patches.after_jax_start`:
-   the garbage collector's tuning);
-6. the `after_start` hooks (SPMD mode when `XLA_USE_SPMD` is set).
+1. patch phase `JAX_START`: jax's options from the PJRT variables and the XLA flags this
+   project sets by default, before jax reads them (`xla_flags`); on CPU, the host-memory
+   policy, before the CPU client's threads first allocate (`retain_host_memory`); `import
+   jax` with 64-bit types on (`jax_x64`);
+2. in a process of a multi-process job, patch phase `JOB_START` (`cpu_collectives_gloo`),
+   then the process joins its job (`job.join`: jax.distributed, warm-up);
+3. patch phase `STARTED`: the changes that must see every loaded module (`tune_gc`);
+4. the `after_start` hooks (SPMD mode when `XLA_USE_SPMD` is set, the persistent cache).
 
-What `import torch_xla` itself does (device, kernels, import-time patches) is in
-`torch_xla/__init__.py`; every change to the process is listed in `patches.REGISTRY`.
+What `import torch_xla` does is patch phase `IMPORT` (`torch_xla/__init__.py`); every
+change to the process is an entry of `patches.REGISTRY`.
 """
 from __future__ import annotations
 
+import sys
 import threading
 
-from . import config, job, patches
+from . import env_vars, job, patches
 
 _PLATFORMS = {"CPU": "cpu", "CUDA": "cuda", "GPU": "cuda", "TPU": "tpu"}
 _lock = threading.Lock()
-_jax = []
-# Called once jax has started (6. in the order above): modes that need devices (SPMD).
+
+
+class _Started:
+    """`jax`: the started module, None until `start_jax` finished (set once, under `_lock`;
+    read without it: a reference is published whole)."""
+    __slots__ = ("jax",)
+
+    def __init__(self):
+        self.jax = None
+
+
+_started = _Started()
+# Called once jax has started (4. in the order above): modes that need devices (SPMD), the
+# persistent cache.
 after_start = []
 
 
-def _configure_env() -> None:
-    """Sets the jax options implied by the PJRT environment variables, before jax starts."""
-    pjrt = config.get("PJRT_DEVICE").upper()
+def configure_env() -> None:
+    """Patch `xla_flags`: the jax options implied by the PJRT variables, before jax starts."""
+    pjrt = env_vars.get("PJRT_DEVICE").upper()
     if pjrt == "CPU":
-        config.set_default("JAX_PLATFORMS", "cpu")
-        n = config.get("CPU_NUM_DEVICES")
+        env_vars.set_default("JAX_PLATFORMS", "cpu")
+        n = env_vars.get("CPU_NUM_DEVICES")
         # In a single process, or one process per host of an SPMD job (XLA_USE_SPMD); in a
         # multi-process replication job each process owns one device.
-        if n and (job.world_size() <= 1 or (config.get("XLA_USE_SPMD") and not job.in_launched_child())):
-            config.add_xla_flag(f"xla_force_host_platform_device_count={int(n)}")
+        if n and (job.world_size() <= 1 or (env_vars.get("XLA_USE_SPMD") and not job.in_launched_child())):
+            env_vars.add_xla_flag(f"xla_force_host_platform_device_count={int(n)}")
     elif pjrt in _PLATFORMS:
-        config.set_default("JAX_PLATFORMS", _PLATFORMS[pjrt])
+        env_vars.set_default("JAX_PLATFORMS", _PLATFORMS[pjrt])
+    # jax read JAX_PLATFORMS when the lowerings imported it (at `import torch_xla`), before
+    # this: its option is set too, or PJRT_DEVICE would not choose the platform.
+    platforms = env_vars.get("JAX_PLATFORMS")
+    jax = sys.modules.get("jax")
+    if platforms and jax is not None and jax.config.jax_platforms != platforms:
+        jax.config.update("jax_platforms", platforms)
     # XLA's CPU scheduler favours concurrency by default, which keeps more buffers alive:
     # on the decoder training step (bench/) the memory-minimising order cut the step's
     # temporary buffers from 1.20 to 1.08 GB at the same step time.
-    config.add_xla_flag("xla_cpu_enable_concurrency_optimized_scheduler=false")
+    env_vars.add_xla_flag("xla_cpu_enable_concurrency_optimized_scheduler=false")
 
 
 def start_jax():
     """Returns the initialised `jax` module, starting it the first time (steps above)."""
-    if _jax:
-        return _jax[0]
+    if _started.jax is not None:
+        return _started.jax
     with _lock:
-        if not _jax:
-            _configure_env()
-            if (config.get("JAX_PLATFORMS") or "").lower() == "cpu":
-                from .platform import cpu
-                cpu.prepare_process()
+        if _started.jax is None:
+            patches.install_phase(patches.JAX_START)
             import jax
-            jax.config.update("jax_enable_x64", True)
+            if job.world_size() > 1:
+                patches.install_phase(patches.JOB_START)
             job.join(jax)
-            patches.after_jax_start()
-            _jax.append(jax)
+            _check_platform(jax)
+            patches.install_phase(patches.STARTED)
+            _started.jax = jax
             started_now = True
         else:
             started_now = False
     if started_now:
         for fn in after_start:
             fn()
-    return _jax[0]
+    return _started.jax
+
+
+_EXTRAS = {"cuda": "torch-xla-jax[cuda]", "tpu": "torch-xla-jax[tpu]"}
+
+
+def _check_platform(jax) -> None:
+    """The platform PJRT_DEVICE chose must start: a missing PJRT plugin is an error, never a
+    silent fall back to the CPU."""
+    platforms = env_vars.get("JAX_PLATFORMS")
+    if not platforms or platforms == "cpu":
+        return
+    try:
+        jax.devices()
+    except (RuntimeError, AssertionError) as e:  # jax asserts when no named backend exists at all
+        plat = platforms.split(",")[0]
+        hint = _EXTRAS.get(plat)
+        raise RuntimeError(
+            f"PJRT_DEVICE={env_vars.get('PJRT_DEVICE')}: jax cannot start its '{plat}' backend here"
+            f"{': ' + str(e) if str(e) else ' (no PJRT plugin for it is installed)'}. "
+            + (f"Install {hint} (jax's PJRT plugin for it), " if hint else "")
+            + "or set PJRT_DEVICE=CPU.") from e
+
+
+def retain_host_memory() -> None:
+    """Patch `retain_host_memory`, on the CPU platform only."""
+    if (env_vars.get("JAX_PLATFORMS") or "").lower() == "cpu":
+        from .platform import cpu
+        cpu.prepare_process()
 
 
 def started() -> bool:
-    return bool(_jax)
+    return _started.jax is not None

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from . import executor, ir, metrics, mode, rng, runtime
+from . import executor, ir, telemetry, mode, rng, pjrt
 from .executor import analysis, checks, compile as compiling, strategies
 from .tensor import is_functional, make_tensor, pending, replace_state, state_of, unwrap, wrap_user
 
@@ -67,7 +67,7 @@ class Program:
                                        if slot >= 0 and type(s.node) is _DEVICE_DATA and s.node in ir.DONORS}))
             args = self.strategy.to_args(self.captured, self.graph)
             self._exe = compiling.compile_graph(self.graph, self.strategy, args, donate)
-            if analysis.ON[0]:
+            if analysis.settings.on:
                 with analysis.cause(self.compile_cause, self.name):
                     analysis.compiled(self.graph, self._exe.compiled, self.compile_cause)
         return self._exe
@@ -97,24 +97,24 @@ class Program:
         for pos, slot in self.reads:
             params[slot] = states[pos].node.array
         if self.seed_slot >= 0:
-            params[self.seed_slot] = np.asarray(rng.fresh_seed(), dtype=runtime.device_dtype(torch.int64))
+            params[self.seed_slot] = np.asarray(rng.fresh_seed(), dtype=pjrt.device_dtype(torch.int64))
         exe = self.executable(states)
         graph, strategy = self.graph, self.strategy
         args = strategy.to_args(params, graph)
         if exe.upgrade is not None:
             exe.settle()
-        if analysis.ON[0]:
+        if analysis.settings.on:
             with analysis.cause(self.execute_cause, self.name):
                 analysis.executed(graph, self.execute_cause, dynamo=True)
         if exe.paced:
             pol = compiling.platform_policy()
             token = pol.before_dispatch(exe.paced)
-        with runtime.phase("torch_xla::execute"), metrics.timed("ExecuteTime"):
+        with pjrt.phase("torch_xla::execute"), telemetry.timed("ExecuteTime"):
             outs = exe.compiled(*args)
         if exe.paced:
             pol.after_dispatch(exe.paced, token, outs)
         outs = strategy.from_outputs(checks.split(outs, exe.checks), graph)
-        metrics.inc("ExecuteCount")
+        telemetry.inc("ExecuteCount")
         results = []
         for (n, i), arr in zip(graph.roots, outs):
             aval = n.avals[i]
@@ -167,8 +167,8 @@ def _fill(s) -> bool:
     if arr is None or arr.is_deleted():   # a donated fill is made again
         if len(_FILLS) >= 64:
             _FILLS.clear()
-        arr = _FILLS[key] = runtime.put(np.full(s.shape, c.value, dtype=runtime.device_dtype(s.dtype)),
-                                        runtime.default_device())
+        arr = _FILLS[key] = pjrt.put(np.full(s.shape, c.value, dtype=pjrt.device_dtype(s.dtype)),
+                                        pjrt.default_device())
     s.set_data(_DEVICE_DATA(arr, (s.shape, s.dtype)))
     return True
 
@@ -192,7 +192,7 @@ def write_back(t: torch.Tensor, inner: torch.Tensor) -> None:
 
 def _marks() -> tuple:
     """What moves when a traced call is not one closed graph: executions and CPU fallbacks."""
-    c = metrics.counters
+    c = telemetry.counters
     return c.get("ExecuteCount", 0), sum(v for k, v in c.items() if k.startswith("aten::"))
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from . import executor, rng, runtime
+from . import executor, rng, pjrt
 
 _done = False
 
@@ -86,7 +86,7 @@ class DeviceModule:
     def current_device() -> int:
         """The index of this process's device (`xla:<index>`, runtime.device_index), so
         that `torch.device("xla", torch.xla.current_device())` is the device it computes on."""
-        return runtime.device_index()
+        return pjrt.device_index()
 
     @staticmethod
     def _is_in_bad_fork() -> bool:
@@ -94,7 +94,7 @@ class DeviceModule:
 
     @staticmethod
     def device_count() -> int:
-        return runtime.device_count()
+        return pjrt.device_count()
 
     @staticmethod
     def manual_seed_all(seed: int) -> None:
@@ -122,15 +122,19 @@ class DeviceModule:
         executor.sync(wait=True)
 
 
+def set_autocast_dtype() -> None:
+    """Patch `xla_autocast_dtype`: PyTorch/XLA's default autocast dtype (PrivateUse1's is
+    float16); thread-local state of the importing thread."""
+    torch.set_autocast_dtype("xla", torch.bfloat16)
+
+
 def register() -> None:
+    """Patch `xla_device`: PrivateUse1 named `xla`, its device module, hooks and guard."""
     global _done
     if _done:
         return
     _done = True
     torch.utils.rename_privateuse1_backend("xla")
     torch._register_device_module("xla", DeviceModule())
-    # PyTorch/XLA's default autocast dtype (PrivateUse1's is float16); thread-local state
-    # of the importing thread.
-    torch.set_autocast_dtype("xla", torch.bfloat16)
     torch._C._acc.register_python_privateuseone_hook(_Hooks())
     torch._C._acc.register_python_privateuseone_device_guard(_Guard())

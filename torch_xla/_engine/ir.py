@@ -95,7 +95,7 @@ class Node:
         self.hash = node_hash(hash((op, avals, info, repr(args))) if base is None else base, args, operands)
         if lowering is not None and lowering.checked:
             CHECK_SOURCES[self] = user_line()
-        if RECORDING[0]:
+        if recording.on:
             record_source(self)
 
     @property
@@ -123,7 +123,7 @@ def make_node(op: str, operands: tuple, args: tuple, avals: tuple, lowering, inf
     node.hash = h
     if lowering.checked:
         CHECK_SOURCES[node] = user_line()
-    if RECORDING[0]:
+    if recording.on:
         record_source(node)
     return node
 
@@ -281,18 +281,32 @@ def user_line() -> str:
 
 
 SOURCES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # node -> "file.py:line"
-RECORDING = [False]
+
+
+class _Recording:
+    """Whether new nodes record their source line in `SOURCES` (XLA_IR_DEBUG, the debug
+    analysis, `_XLAC._set_ir_debug`). Written by `record_sources` in the thread that asks,
+    without a lock (a node made meanwhile in another thread may or may not record); read
+    at every node's creation by any tracing thread (the specialised kernels hold it as
+    `RECORDING`)."""
+    __slots__ = ("on",)
+
+    def __init__(self):
+        self.on = False
+
+
+recording = _Recording()
 
 
 def record_sources(on: bool = True) -> None:
     """From now on every new node remembers the first Python frame outside torch_xla and
-    torch that created it (only when asked: node constructors test RECORDING); `on=False`
-    stops."""
-    RECORDING[0] = on
+    torch that created it (only when asked: node constructors test `recording.on`);
+    `on=False` stops."""
+    recording.on = on
 
 
 def record_source(node: Node) -> None:
-    """Remembers the user's line that created `node` (while RECORDING)."""
+    """Remembers the user's line that created `node` (while `recording.on`)."""
     f = _user_frame()
     if f is not None:
         SOURCES[node] = f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"

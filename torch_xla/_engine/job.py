@@ -14,7 +14,7 @@ import errno
 import socket
 from typing import Optional
 
-from . import config
+from . import env_vars, patches
 
 ENV_KEYS = ("TORCH_XLA_JAX_PROCESS_ID", "TORCH_XLA_JAX_WORLD_SIZE", "TORCH_XLA_JAX_LOCAL_RANK",
             "TORCH_XLA_JAX_LOCAL_WORLD_SIZE", "TORCH_XLA_JAX_COORDINATOR")
@@ -22,7 +22,7 @@ ENV_KEYS = ("TORCH_XLA_JAX_PROCESS_ID", "TORCH_XLA_JAX_WORLD_SIZE", "TORCH_XLA_J
 
 def _first(*names: str, default: int) -> int:
     for n in names:
-        v = config.get(n)
+        v = env_vars.get(n)
         if v is not None:
             return v
     return default
@@ -50,39 +50,39 @@ def is_multiprocess() -> bool:
 
 def under_torchrun() -> bool:
     """True when an external launcher (torchrun) already made this process one rank of a job."""
-    return (config.is_set("RANK") and config.is_set("WORLD_SIZE")
-            and not config.is_set("TORCH_XLA_JAX_PROCESS_ID"))
+    return (env_vars.is_set("RANK") and env_vars.is_set("WORLD_SIZE")
+            and not env_vars.is_set("TORCH_XLA_JAX_PROCESS_ID"))
 
 
 def in_launched_child() -> bool:
-    return config.is_set("TORCH_XLA_JAX_PROCESS_ID") and config.is_set("TORCH_XLA_JAX_WORLD_SIZE")
+    return env_vars.is_set("TORCH_XLA_JAX_PROCESS_ID") and env_vars.is_set("TORCH_XLA_JAX_WORLD_SIZE")
 
 
 def master_ip() -> str:
-    addr = config.get("TORCH_XLA_JAX_COORDINATOR") or config.get("MASTER_ADDR")
+    addr = env_vars.get("TORCH_XLA_JAX_COORDINATOR") or env_vars.get("MASTER_ADDR")
     return addr.split(":")[0] if addr else "127.0.0.1"
 
 
 def coordinator_address() -> Optional[str]:
     """host:port of jax's coordination service for this job (None for one process)."""
-    addr = config.get("TORCH_XLA_JAX_COORDINATOR")
+    addr = env_vars.get("TORCH_XLA_JAX_COORDINATOR")
     if addr:
         return addr
-    if config.get("MASTER_ADDR") and config.get("MASTER_PORT"):
+    if env_vars.get("MASTER_ADDR") and env_vars.get("MASTER_PORT"):
         # Launched by torchrun: its store listens on MASTER_PORT; the coordinator takes the next port.
-        return f"{config.get('MASTER_ADDR')}:{int(config.get('MASTER_PORT')) + 1}"
+        return f"{env_vars.get('MASTER_ADDR')}:{int(env_vars.get('MASTER_PORT')) + 1}"
     return None
 
 
 def collective_timeout_s() -> int:
     """How long a process waits for its peers (XLA_COLLECTIVE_TIMEOUT_S, default 30 minutes)."""
-    return config.get("XLA_COLLECTIVE_TIMEOUT_S")
+    return env_vars.get("XLA_COLLECTIVE_TIMEOUT_S")
 
 
 def check_environment() -> None:
     """Validates the TORCH_XLA_JAX_* / torchrun variables of this process (clear errors, early)."""
-    ws_raw = config.raw("TORCH_XLA_JAX_WORLD_SIZE") or config.raw("WORLD_SIZE")
-    rk_raw = config.raw("TORCH_XLA_JAX_PROCESS_ID") or config.raw("RANK")
+    ws_raw = env_vars.raw("TORCH_XLA_JAX_WORLD_SIZE") or env_vars.raw("WORLD_SIZE")
+    rk_raw = env_vars.raw("TORCH_XLA_JAX_PROCESS_ID") or env_vars.raw("RANK")
     if ws_raw is None and rk_raw is None:
         return
     try:
@@ -137,7 +137,7 @@ def check_coordinator_port() -> None:
     """In the process that hosts jax's coordination service (rank 0), before it starts: a
     clear error if the coordinator's port is taken (jax only says "Failed to start RPC
     server")."""
-    if _state["joined"] or world_size() <= 1 or global_ordinal() != 0:
+    if _runtime.joined or world_size() <= 1 or global_ordinal() != 0:
         return
     addr = coordinator_address()
     if addr:
@@ -147,12 +147,36 @@ def check_coordinator_port() -> None:
 
 # ---- the jax distributed runtime -------------------------------------------------------
 
-_state = {"joined": False, "mesh": None, "warm": False}
+class _Runtime:
+    """This process's part in the jax distributed runtime. `joined` and `warm`: written by
+    `join` / `warm_up` at jax's start, under `boot._lock`. `mesh`: the replica mesh, made
+    by the first thread that asks, without a lock (a race makes an equal mesh twice). Read
+    by any thread."""
+    __slots__ = ("joined", "mesh", "warm")
+
+    def __init__(self):
+        self.joined = False
+        self.mesh = None
+        self.warm = False
+
+
+_runtime = _Runtime()
+
+
+def use_gloo_collectives() -> bool:
+    """Patch `cpu_collectives_gloo` (before `join`): jax's CPU client runs collectives
+    across processes through gloo."""
+    import jax
+    try:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    except AttributeError as e:  # a jax without the option: its CPU collectives stay its default
+        return patches.refuse("jax's CPU collectives", str(e))
+    return True
 
 
 def join(jax) -> None:
     """Joins the multi-process job (jax.distributed) when this process is one of several."""
-    if _state["joined"] or world_size() <= 1:
+    if _runtime.joined or world_size() <= 1:
         return
     addr = coordinator_address()
     if addr is None:
@@ -161,17 +185,13 @@ def join(jax) -> None:
             f"torch_xla.launch / xmp.spawn or torchrun (MASTER_ADDR/MASTER_PORT), or set "
             f"TORCH_XLA_JAX_COORDINATOR=host:port")
     check_coordinator_port()
-    _state["joined"] = True
-    try:
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    except Exception:  # noqa: BLE001  (other jax versions: their default)
-        pass
+    _runtime.joined = True
     timeout = collective_timeout_s()
     connect, bind = service_addresses(addr)
     jax.distributed.initialize(coordinator_address=connect, coordinator_bind_address=bind,
                                num_processes=world_size(),
                                process_id=global_ordinal(), initialization_timeout=timeout,
-                               heartbeat_timeout_seconds=config.get("XLA_HEARTBEAT_TIMEOUT_S"),
+                               heartbeat_timeout_seconds=env_vars.get("XLA_HEARTBEAT_TIMEOUT_S"),
                                # a replica that finishes first waits this long for the others at exit
                                shutdown_timeout_seconds=timeout)
     # Every process returns from initialize at about the same time: create gloo's
@@ -181,17 +201,17 @@ def join(jax) -> None:
 
 def replica_mesh(jax):
     """The 1-d mesh ('r') of every process's device, in global ordinal order."""
-    if _state["mesh"] is None:
+    if _runtime.mesh is None:
         import numpy as np
         from jax.sharding import Mesh
         devs = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
-        _state["mesh"] = Mesh(np.array(devs), ("r",))
-    return _state["mesh"]
+        _runtime.mesh = Mesh(np.array(devs), ("r",))
+    return _runtime.mesh
 
 
 def warm_up(jax) -> None:
     """A tiny all-reduce over the replica mesh, checked; a no-op for one process."""
-    if _state["warm"] or world_size() <= 1:
+    if _runtime.warm or world_size() <= 1:
         return
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
@@ -209,7 +229,7 @@ def warm_up(jax) -> None:
     want = world * (world + 1) // 2
     if got != want:
         raise RuntimeError(f"warm-up all-reduce over {world} replicas returned {got}, expected {want}")
-    _state["warm"] = True
+    _runtime.warm = True
 
 
 def kv_client():
@@ -219,3 +239,37 @@ def kv_client():
     if c is None:
         raise RuntimeError("the multi-process runtime is not initialised")
     return c
+
+
+# ---- the coordination service's errors ---------------------------------------------------
+
+def service_error() -> type:
+    """The exception type the coordination service's client raises (looked up when needed:
+    a client exists only once jax runs)."""
+    import jax.errors
+    return jax.errors.JaxRuntimeError
+
+
+def status_code(err: BaseException) -> str:
+    """The status code a coordination service error starts with ("NOT_FOUND", ...), or ""."""
+    head = str(err).split(":", 1)[0].strip()
+    return head if head.isupper() and " " not in head else ""
+
+
+def first_line(err: BaseException) -> str:
+    """The service's first line (it appends pages of gRPC detail after it; the whole text
+    stays on the raised error's __cause__)."""
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
+
+
+def service_failure(what: str, err: BaseException, timeout_s: Optional[float] = None) -> str:
+    """`what` failed, in words that name the cause: a timeout, an unreachable service, or the code."""
+    code = status_code(err)
+    if code == "DEADLINE_EXCEEDED":
+        after = f" within {timeout_s:g} s" if timeout_s is not None else ""
+        return f"{what} did not complete{after} ({first_line(err)})"
+    if code == "UNAVAILABLE":
+        return (f"{what} failed: the coordination service is unreachable (has the coordinator, replica 0, "
+                f"exited?): {first_line(err)}")
+    return f"{what} failed: {first_line(err)}"

@@ -27,7 +27,7 @@ import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional
 
-from . import config, job, runtime
+from . import env_vars, job, pjrt
 
 
 
@@ -42,14 +42,14 @@ class ProcessFailedError(RuntimeError):
 
 
 def _grace_s() -> float:
-    return config.get("TORCH_XLA_JAX_KILL_GRACE_S")
+    return env_vars.get("TORCH_XLA_JAX_KILL_GRACE_S")
 
 
 def default_nprocs() -> int:
     """How many processes a launch starts on this host: one per device (CPU: CPU_NUM_DEVICES)."""
-    pjrt = config.get("PJRT_DEVICE").upper()
+    pjrt = env_vars.get("PJRT_DEVICE").upper()
     if pjrt in ("", "CPU"):
-        v = config.raw("CPU_NUM_DEVICES") or "1"
+        v = env_vars.raw("CPU_NUM_DEVICES") or "1"
         try:
             n = int(v)
         except ValueError:
@@ -76,7 +76,9 @@ def _set_parent_death_signal() -> None:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         PR_SET_PDEATHSIG = 1
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except Exception:
+    except (OSError, AttributeError):
+        # Not Linux with glibc (no libc.so.6, or no prctl): the replica runs without the
+        # signal, as it would under any other launcher; the parent still stops it.
         pass
 
 
@@ -90,10 +92,10 @@ def _write_atomic(path: str, data: bytes) -> None:
 def _child_main(rank: int, env: Dict[str, str], parent_pid: int, workdir: str, fn: Callable,
                 args: tuple, eager_init: bool) -> None:
     """Entry point of a spawned replica."""
-    config.update(env)
+    env_vars.update(env)
     # A forked replica inherits its parent's device index (xla:0) if the parent asked for
     # its device; this replica's index follows from its rank (runtime.device_index).
-    runtime.forget_device_index()
+    pjrt.forget_device_index()
     try:
         os.setpgrp()  # own process group: the parent can stop this child and its helpers at once
     except OSError:
@@ -105,32 +107,22 @@ def _child_main(rank: int, env: Dict[str, str], parent_pid: int, workdir: str, f
         job.check_environment()
         job.check_coordinator_port()
         if eager_init:
-            runtime.jax_module()   # jax.distributed.initialize + warm-up: every replica waits here
+            pjrt.jax_module()   # jax.distributed.initialize + warm-up: every replica waits here
         result = fn(rank, *args)
-        try:
-            payload = pickle.dumps(result)
-        except Exception:
-            payload = pickle.dumps(None)
-        _write_atomic(os.path.join(workdir, f"result-{rank}.pkl"), payload)
+        _write_atomic(os.path.join(workdir, f"result-{rank}.pkl"), _pickle_result(result, rank))
     except SystemExit as e:
         code = e.code
         if code in (None, 0):
             _flush()
             raise
         text = f"SystemExit({code!r}) raised in replica {rank}:\n" + traceback.format_exc()
-        try:
-            _write_atomic(os.path.join(workdir, f"error-{rank}.txt"), text.encode())
-        except Exception:
-            pass
+        text += _record_error(workdir, rank, text)
         sys.stderr.write(f"[replica {rank}] " + text)
         _flush()
         os._exit(code if isinstance(code, int) else 1)
     except BaseException:
         text = traceback.format_exc()
-        try:
-            _write_atomic(os.path.join(workdir, f"error-{rank}.txt"), text.encode())
-        except Exception:
-            pass
+        text += _record_error(workdir, rank, text)
         sys.stderr.write(f"[replica {rank}] " + text)
         _flush()
         # Exit at once: atexit handlers (jax.distributed.shutdown waits for the peers) would hang.
@@ -138,11 +130,58 @@ def _child_main(rank: int, env: Dict[str, str], parent_pid: int, workdir: str, f
     _flush()
 
 
+_PICKLE_ERRORS = (pickle.PicklingError, TypeError, AttributeError)
+
+
+def _unpicklable_part(value: Any, path: str = "") -> tuple:
+    """(where, what) of the innermost item of `value`'s lists, tuples and dicts that does
+    not pickle (`value` itself when none of its items is to blame)."""
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = enumerate(value)
+    else:
+        items = ()
+    for k, v in items:
+        try:
+            pickle.dumps(v)
+        except _PICKLE_ERRORS:
+            return _unpicklable_part(v, f"{path}[{k!r}]")
+    return path, value
+
+
+def _pickle_result(result: Any, rank: int) -> bytes:
+    """`result` pickled for the parent; TypeError naming the type when it cannot be."""
+    try:
+        return pickle.dumps(result)
+    except _PICKLE_ERRORS as e:
+        where, what = _unpicklable_part(result)
+        at = f" (at result{where})" if where else ""
+        raise TypeError(f"replica {rank} returned a {type(what).__module__}.{type(what).__qualname__}{at}, "
+                        f"which cannot be pickled to reach the parent process ({type(e).__name__}: {e}); "
+                        f"return picklable values (CPU tensors, numbers, containers of them)") from e
+
+
+def _record_error(workdir: str, rank: int, text: str) -> str:
+    """Writes the failure's text where the parent reads it; "" or why it could not be written."""
+    try:
+        _write_atomic(os.path.join(workdir, f"error-{rank}.txt"), text.encode())
+    except OSError as e:
+        # The replica is failing already: the parent then reports its exit code, and
+        # stderr (where the text goes next) says why the report has no traceback.
+        return f"(could not record this traceback for the parent: {e})\n"
+    return ""
+
+
 def _flush():
     for s in (sys.stdout, sys.stderr):
+        if s is None:  # no console (pythonw, a detached process)
+            continue
         try:
             s.flush()
-        except Exception:
+        except (OSError, ValueError):
+            # A closed stream (ValueError) or a gone reader (BrokenPipeError) while the
+            # replica exits: there is nobody left to show the output to.
             pass
 
 
@@ -257,15 +296,25 @@ class ProcessContext:
         raise ProcessFailedError(msg, rank, code, text)
 
     def _finish(self) -> None:
-        for rank in range(len(self.processes)):
-            path = os.path.join(self.workdir, f"result-{rank}.pkl")
+        try:
+            for rank in range(len(self.processes)):
+                self._results[rank] = self._load_result(rank)
+        finally:
+            self._done = True
+            self._cleanup()
+
+    def _load_result(self, rank: int) -> Any:
+        path = os.path.join(self.workdir, f"result-{rank}.pkl")
+        try:
+            f = open(path, "rb")
+        except FileNotFoundError:
+            return None  # the replica left through sys.exit(0) before returning
+        with f:
             try:
-                with open(path, "rb") as f:
-                    self._results[rank] = pickle.load(f)
-            except Exception:
-                self._results[rank] = None
-        self._done = True
-        self._cleanup()
+                return pickle.load(f)
+            except Exception as e:  # noqa: BLE001  (unpickling runs the result's own code)
+                raise RuntimeError(f"the result of replica {rank} could not be unpickled in the parent "
+                                   f"process: {type(e).__name__}: {e}") from e
 
     def _cleanup(self) -> None:
         shutil.rmtree(self.workdir, ignore_errors=True)
@@ -302,7 +351,7 @@ def start_processes(fn: Callable, args: tuple = (), nprocs: int = 2, start_metho
                             daemon=daemon, name=f"xla-replica-{rank}")
             with _env_lock:
                 # The child's environment is set from its very start (before any import).
-                with config.overlay(env):
+                with env_vars.overlay(env):
                     p.start()
             procs.append(p)
     except BaseException:

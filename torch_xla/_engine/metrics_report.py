@@ -1,7 +1,7 @@
 """The text format of the metrics report (TotalSamples, Accumulator, Rate, Percentiles)."""
 from __future__ import annotations
 
-from . import metrics as _m
+from . import telemetry as _m
 
 
 def _fmt_time(ns: float) -> str:

@@ -10,7 +10,7 @@ import contextlib
 import threading
 from typing import Iterator
 
-from . import config
+from . import env_vars
 
 # SPMD[0]: one program over all devices (`xr.use_spmd()`), partitioned by XLA.
 SPMD = [False]
@@ -51,4 +51,4 @@ def lazy_scope() -> Iterator[None]:
 
 def spmd_requested() -> bool:
     """Whether SPMD mode is on or was asked for (`XLA_USE_SPMD`)."""
-    return SPMD[0] or bool(config.get("XLA_USE_SPMD"))
+    return SPMD[0] or bool(env_vars.get("XLA_USE_SPMD"))

@@ -1,118 +1,170 @@
-"""Everything importing torch_xla changes in PyTorch or in the process, in one registry.
+"""Every change torch_xla makes to PyTorch, jax or the process, in one registry that installs them.
 
-Each entry says what it changes, why, when it is applied, how to turn it off, and checks
-the signature of what it patches before patching (a PyTorch whose function looks
-different is left alone, with a warning). `docs/ARCHITECTURE.md`'s section "What
-importing torch_xla changes in your process" is generated from `REGISTRY`
-(`python -m torch_xla._engine.patches`); a test keeps the two equal.
+Each `Patch` owns its install function (named by path, `"module:function"` under
+`torch_xla`), the phase that installs it, the variable that turns it off, what it changes
+and why. One call per phase installs that phase's entries, in registry order:
 
-Entries whose work is a `torch.library` registration (kernels for the xla key, the
-Functionalize kernel of `copy_`, the in-place meta checks) are installed by
-`kernels.register()`, which asks `enabled()` here; the others are installed below.
+- `install_phase(IMPORT)`: `import torch_xla` (`torch_xla/__init__.py`);
+- `install_phase(JAX_START)`: the first use of a device, before jax is imported (`boot`);
+- `install_phase(JOB_START)`: a process of a multi-process job, before it joins (`boot`);
+- `install_phase(STARTED)`: once jax has started and the job is joined (`boot`).
+
+Entries with no phase are installed by the feature that needs them, at its first use,
+through `install(name)` (an exit hook when the first parallel loader starts, say). Nothing
+else in the package changes PyTorch, jax or the process.
+
+The registry sits below every layer it patches (it imports only `env_vars`): installers are
+imported by name when their entry is installed, so any module can ask for an entry.
+`docs/ARCHITECTURE.md`'s section "What importing torch_xla changes in your process" is
+generated from `REGISTRY` (`python -m torch_xla._engine.patches`); a test keeps the two equal,
+and a test per opt-out checks that the piece of PyTorch it names is left untouched.
 """
 from __future__ import annotations
 
+import importlib
 import inspect
-import sys
 import threading
-import types
 import warnings
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
-import torch
+from . import env_vars
 
-from . import collector, config
+IMPORT = "import"
+JAX_START = "jax start"
+JOB_START = "job start"
+STARTED = "started"
+PHASES = (IMPORT, JAX_START, JOB_START, STARTED)
 
 
 @dataclass(frozen=True)
 class Patch:
     name: str
-    target: str        # what is changed
-    when: str          # "import" | "jax start" | "jax start on CPU" | "import of ..."
-    opt_out: Optional[str]  # the environment variable that turns it off (None: xla device only)
+    target: str             # what is changed
+    when: str               # when it is installed, in words (the docs' column)
+    opt_out: Optional[str]  # the variable that turns it off; or words saying why there is none
     why: str
+    installer: str          # "module:function" under torch_xla
+    phase: Optional[str] = None   # one of PHASES; None: installed by its feature through install()
+    probe: Optional[str] = None   # an expression showing the change (tests: equal with the opt-out)
 
 
 REGISTRY: List[Patch] = [
     Patch("xla_device", "PyTorch's PrivateUse1 backend: renamed `xla`, with a device module "
-          "(`torch.xla`), hooks and a device guard", "import", None,
-          "the `xla` device itself; affects xla tensors only"),
+          "(`torch.xla`), hooks and a device guard", "import", "none (the xla device itself)",
+          "the `xla` device itself; affects xla tensors only",
+          "_engine.device:register", IMPORT),
+    Patch("xla_autocast_dtype", "`torch.set_autocast_dtype('xla', torch.bfloat16)` (thread-local state of the "
+          "importing thread)", "import", "none (xla autocast only)",
+          "PyTorch/XLA's default autocast dtype is bfloat16 (PrivateUse1's is float16); affects "
+          "`torch.autocast('xla')` only", "_engine.device:set_autocast_dtype", IMPORT),
     Patch("xla_kernels", "`torch.library` kernels for the PrivateUse1 / AutogradPrivateUse1 / "
           "QuantizedPrivateUse1 / AutocastPrivateUse1 keys, a PrivateUse1 fallback and an "
-          "AutocastPrivateUse1 fallthrough", "import", None,
-          "the xla device's ops; affects xla tensors only"),
+          "AutocastPrivateUse1 fallthrough", "import", "none (the xla device's ops)",
+          "the xla device's ops; affects xla tensors only", "_engine.kernels:register", IMPORT),
     Patch("functionalize_copy", "the Functionalize kernel of `aten::copy_`", "import",
           "PT_XLA_FUNCTIONALIZE_COPY",
           "`cpu.copy_(xla)` (`load_state_dict` into a CPU model, DDP's C++ parameter checks) "
           "reaches functionalization with a plain destination and a functional source, which "
           "PyTorch refuses for every device but DeviceType::XLA; the kernel reads the source "
-          "first and otherwise does what PyTorch's does"),
+          "first and otherwise does what PyTorch's does",
+          "_engine.kernels.functionalize:install_copy", IMPORT,
+          "_functionalize_line('aten::copy_')"),
     Patch("functionalize_to_copy", "the Functionalize kernel of `aten::_to_copy`", "import",
           "PT_XLA_FUNCTIONALIZE_TO_COPY",
           "PyTorch's kernel leaves `x.to(dtype)` unwrapped for every device but XLA and Lazy; "
           "autograd's copy of such a tensor saved as an output (relu, tanh, exp) loses the "
           "lazy value and the backward fails. Ours wraps results on the xla device and "
-          "otherwise does what PyTorch's does"),
+          "otherwise does what PyTorch's does",
+          "_engine.kernels.functionalize:install_to_copy", IMPORT,
+          "_functionalize_line('aten::_to_copy')"),
     Patch("lean_inplace_meta", "the Meta kernels of ~15 in-place elementwise ops (`add_`, "
           "`mul_`, `addcmul_`, `lerp_`...)", "import", "PT_XLA_LEAN_INPLACE_META",
           "functionalization checks every in-place op by running PyTorch's Python meta kernel "
           "(tens of microseconds); inside that check only, a check that passed for the same "
           "shapes, dtypes and scalar types is not run again. Outside functionalization (a "
-          "plain meta tensor) PyTorch's kernel runs unchanged"),
+          "plain meta tensor) PyTorch's kernel runs unchanged",
+          "_engine.kernels.meta:install", IMPORT, "_meta_line('aten::add_.Tensor')"),
     Patch("module_apply", "`torch.nn.Module._apply`", "import", "PT_XLA_PATCH_MODULE_APPLY",
           "`module.to(xla)` gives each module its own new Parameter (CPU and xla tensors "
           "cannot swap data in place): parameters that two modules shared (an embedding tied "
-          "to an LM head) are shared again afterwards"),
+          "to an LM head) are shared again afterwards",
+          "_engine.process_patches:install_module_apply", IMPORT, "torch.nn.Module._apply"),
     Patch("nn_gru", "`torch.nn.GRU` (the original stays as `torch.nn.GRU._orig`)", "import",
           "PT_XLA_PATCH_GRU",
           "a subclass (`torch_xla.experimental.gru.GRU`) that runs each layer's time loop on "
           "xla tensors as one program loop instead of one traced step per time step; other "
-          "devices, packed sequences and bidirectional GRUs take PyTorch's own code"),
+          "devices, packed sequences and bidirectional GRUs take PyTorch's own code",
+          "experimental.gru:install", IMPORT, "torch.nn.GRU"),
     Patch("clip_grad_norm", "`torch.nn.utils.clip_grad_norm_` (the original stays as its `_orig`)",
           "import", "PT_XLA_PATCH_CLIP_GRAD_NORM",
           "when none of the parameters has a gradient, PyTorch returns a zero on the CPU; for "
           "parameters on the xla device the zero is on their device, as the norm is when they "
-          "have gradients (PyTorch/XLA returns it there). Otherwise PyTorch's own function runs"),
+          "have gradients (PyTorch/XLA returns it there). Otherwise PyTorch's own function runs",
+          "_internal.clip_grad:install", IMPORT, "torch.nn.utils.clip_grad_norm_"),
     Patch("load_to_device", "`torch.load`'s deserializers (`torch.serialization.register_package`, priority 9): "
           "locations `xla` / `xla:N` are restored by torch_xla", "import", "PT_XLA_LOAD_TO_DEVICE",
           "`torch.load(f, map_location='xla')` of CPU tensors reached PyTorch's PrivateUse1 "
           "deserializer, which allocates a device storage with an allocator the xla device cannot "
           "have (Python cannot register one): a segmentation fault. Ours returns an xla storage "
           "carrying the CPU one, and `set_` from it (`_rebuild_tensor`) uploads the tensor "
-          "(`kernels/storage.py`); other locations reach PyTorch's deserializers, saving is unchanged"),
+          "(`kernels/storage.py`); other locations reach PyTorch's deserializers, saving is unchanged",
+          "_engine.kernels.storage:install_load", IMPORT,
+          "[fn for _, _, fn in torch.serialization._package_registry]"),
     Patch("xla_storage_refused", "`torch.UntypedStorage.__new__`: a RuntimeError for the xla device", "import",
-          None,
+          "none (xla storages only)",
           "xla tensors have no storage and PyTorch would allocate one with the missing PrivateUse1 "
           "allocator (a segmentation fault): `torch.UntypedStorage(n, device='xla')`, "
           "`TypedStorage(n, device='xla')`, `storage.to(device='xla')`, an xla storage's `clone()`; "
-          "affects the xla device only"),
-    Patch("xla_flags", "the `XLA_FLAGS` and `JAX_PLATFORMS` environment variables",
-          "jax start", "XLA_FLAGS naming the flag yourself",
-          "`JAX_PLATFORMS` from `PJRT_DEVICE`; on CPU, XLA's memory-minimising scheduler "
-          "(`--xla_cpu_enable_concurrency_optimized_scheduler=false`) and "
-          "`CPU_NUM_DEVICES` virtual devices"),
-    Patch("retain_host_memory", "glibc's allocator (`mallopt`: one arena, no mmap, no trim)",
-          "jax start on CPU", "PT_XLA_RETAIN_HOST_MEMORY",
-          "XLA:CPU's large buffers would be mmapped and page-faulted in again at every step "
-          "(`platform/host_memory.py`)"),
-    Patch("lazy_dynamo_disable", "PyTorch's `torch._disable_dynamo` wrappers (found with "
-          "`gc.get_referrers` of their code)", "import", "PT_XLA_LAZY_DYNAMO_DISABLE",
-          "PyTorch's Python meta kernels import `torch._dynamo` (1-2 s) on their first call "
-          "only to mark themselves untraceable; until something imports it they run plainly"),
-    Patch("tune_gc", "Python's garbage collector (`gc.freeze()`, youngest threshold 10,000)",
-          "jax start", "PT_XLA_TUNE_GC",
-          "traced ops keep Python objects alive until the barrier: the collector's passes "
-          "rescanned them and the imports' ~370k objects (63% of tracing time at 20k pending "
-          "ops, `bench/bench_gc.py`)"),
-    Patch("quiet_gc_imports", "Python's garbage collector: paused during `import torch_xla` and during "
-          "the import of `torch._dynamo` (an import hook); at the end of each, the youngest "
+          "affects the xla device only", "_engine.kernels.storage:install_storage_check", IMPORT),
+    Patch("dynamo_skips_engine", "TorchDynamo's trace rules: `torch_xla._engine`, `torch_xla._XLAC`, "
+          "`torch_xla.distributed.spmd`, `jax`, `jaxlib`, `ml_dtypes` and the generated kernels (`<kernel ...>`) "
+          "added to its skipped files", "import (applied when `torch._dynamo.trace_rules` loads: an import hook)",
+          "none (torch.compile needs it)",
+          "the xla device's kernels are Python: Dynamo must run them, and what they call, as "
+          "it runs C++ kernels, instead of tracing into them (a call that reaches the engine "
+          "in a compiled function is a graph break; `xm.all_reduce` of one tensor is an op; "
+          "`mark_sharding` runs between the graphs it splits)",
+          "_engine.process_patches:install_dynamo_skips", IMPORT),
+    Patch("quiet_gc_imports", "Python's garbage collector: paused during `import torch_xla` (`torch_xla/__init__.py`) "
+          "and during the import of `torch._dynamo` (an import hook); at the end of each, the youngest "
           "generation collected, `gc.freeze()`, the collector's state restored",
           "import", "PT_XLA_TUNE_GC",
           "the collector's full passes over torch's ~370k import-time objects made up a third "
-          "of these imports (`import torch_xla` after torch 0.59-0.67 -> 0.42-0.47 s, "
-          "`torch._dynamo`, which torch.optim imports at its first step, 0.89-1.01 -> "
-          "0.59-0.62 s, and no full pass of 0.18 s due right after)"),
+          "of these imports (BENCHMARKS.md, \"Imports with the collector paused\")",
+          "_engine.process_patches:install_quiet_dynamo_import", IMPORT,
+          "_meta_path_hooks()"),
+    Patch("lazy_dynamo_disable", "PyTorch's `torch._disable_dynamo` wrappers (found with "
+          "`gc.get_referrers` of their code)", "import (last, before the collector's freeze would hide them)",
+          "PT_XLA_LAZY_DYNAMO_DISABLE",
+          "PyTorch's Python meta kernels import `torch._dynamo` (1-2 s) on their first call "
+          "only to mark themselves untraceable; until something imports it they run plainly",
+          "_engine.process_patches:lazy_dynamo_disable", IMPORT, "_dynamo_disable_stand_ins()"),
+    Patch("xla_flags", "the `XLA_FLAGS` and `JAX_PLATFORMS` environment variables",
+          "first device use, before jax starts", "XLA_FLAGS naming the flag yourself",
+          "`JAX_PLATFORMS` from `PJRT_DEVICE`; on CPU, XLA's memory-minimising scheduler "
+          "(`--xla_cpu_enable_concurrency_optimized_scheduler=false`) and "
+          "`CPU_NUM_DEVICES` virtual devices", "_engine.boot:configure_env", JAX_START),
+    Patch("retain_host_memory", "glibc's allocator (`mallopt`: one arena, no mmap, no trim)",
+          "first device use on CPU, before jax's CPU client starts", "PT_XLA_RETAIN_HOST_MEMORY",
+          "XLA:CPU's large buffers would be mmapped and page-faulted in again at every step "
+          "(`platform/host_memory.py`)", "_engine.boot:retain_host_memory", JAX_START,
+          "_large_block_is_mmapped()"),
+    Patch("jax_x64", "jax's process-wide `jax_enable_x64` option, on", "first device use, when jax starts",
+          "none (torch's int64 and float64 need it)",
+          "PyTorch's default integer type is int64 and float64 tensors exist: with 32-bit jax "
+          "they would silently narrow. Other jax code in the process also sees 64-bit defaults "
+          "(`jnp.arange(3)` is int64)", "_engine.process_patches:enable_x64", JAX_START),
+    Patch("cpu_collectives_gloo", "jax's `jax_cpu_collectives_implementation` option: `gloo`",
+          "a process of a multi-process CPU job, before it joins", "none (CPU collectives across processes need it)",
+          "jax's CPU client runs no collective across processes without it; the gloo listeners bind "
+          "to the job's addresses", "_engine.job:use_gloo_collectives", JOB_START),
+    Patch("tune_gc", "Python's garbage collector (`gc.freeze()`, youngest threshold 10,000)",
+          "first device use, once jax has started", "PT_XLA_TUNE_GC",
+          "traced ops keep Python objects alive until the barrier: the collector's passes "
+          "rescanned them and the imports' ~370k objects (63% of tracing time at 20k pending "
+          "ops, `bench/bench_gc.py`)", "_engine.process_patches:tune_gc", STARTED,
+          "gc.get_threshold()[0]"),
     Patch("inline_backward", "the autograd engine's `run_backward` "
           "(`torch.autograd.Variable._execution_engine`): multithreading off during each call",
           "first xla device use of a process of a multi-process CPU job",
@@ -121,29 +173,74 @@ REGISTRY: List[Patch] = [
           "one worker queue per device index that the device guard reports, and a Python "
           "device guard reports one, so a gradient on `xla:1` would fail its internal assert. "
           "With multithreading off the engine runs the backward in the calling thread, as it "
-          "does for CPU tensors. Every replica of the job, `xla:0` too, runs it that way"),
-    Patch("xla_process_group", "`torch.distributed`: backend `xla` and the `xla://` rendezvous",
-          "import of torch_xla.distributed.xla_backend", None,
-          "the documented `init_process_group('xla', init_method='xla://')`"),
-    Patch("dynamo_skips_engine", "TorchDynamo's trace rules: `torch_xla._engine`, `torch_xla._XLAC`, "
-          "`torch_xla.distributed.spmd`, `jax`, `jaxlib`, `ml_dtypes` and the generated kernels (`<kernel ...>`) "
-          "added to its skipped files",
-          "import of torch._dynamo",
-          "none (torch.compile needs it)",
-          "the xla device's kernels are Python: Dynamo must run them, and what they call, as "
-          "it runs C++ kernels, instead of tracing into them (a call that reaches the engine "
-          "in a compiled function is a graph break; `xm.all_reduce` of one tensor is an op; "
-          "`mark_sharding` runs between the graphs it splits)"),
+          "does for CPU tensors. Every replica of the job, `xla:0` too, runs it that way",
+          "_engine.process_patches:install_inline_backward"),
+    Patch("metrics_ready_thread", "a daemon thread `xla-metrics-ready` and an exit hook (`atexit`) that stops it",
+          "the first execution whose time is measured when its result is ready",
+          "none (the execution metrics need it)",
+          "`ExecuteTime` is the time until a program's outputs are ready: one thread waits for them "
+          "instead of the caller; the exit hook stops it before jax's own (a thread inside "
+          "`block_until_ready` while the interpreter finalizes would abort the process)",
+          "_engine.telemetry:start_waiter"),
+    Patch("tiered_compile_thread", "a daemon thread `torch_xla-tiered-compile` and an exit hook that stops it",
+          "the first tiered compile", "`XLA_TIERED_COMPILE` unset (the default)",
+          "the optimized executables of tiered compilation compile in the background; at exit the "
+          "queued compiles are dropped", "_engine.executor.tiers:start_worker"),
+    Patch("debug_exit_summary", "an exit hook (`atexit`) printing the debug summary", "import, when "
+          "`PT_XLA_DEBUG_LEVEL` (or `PT_XLA_DEBUG`) is set", "`PT_XLA_DEBUG_LEVEL` unset (the default)",
+          "the summary of compiles and host transfers the debug level promises at exit",
+          "_engine.executor.analysis:register_summary"),
+    Patch("close_loaders_at_exit", "an exit hook (`atexit`) closing the parallel loaders still running",
+          "the first `ParallelLoader` / `MpDeviceLoader` made", "none (loader threads would block the exit)",
+          "a loader's worker threads wait on its queues; at exit they are closed and joined so the "
+          "interpreter does not hang on them", "distributed.parallel_loader:register_exit_hook"),
+    Patch("xla_process_group", "`torch.distributed`: backend `xla` (its creator in PyTorch's extended "
+          "form, which receives a subgroup's global ranks and `new_group`'s `pg_options`) and the "
+          "`xla://` rendezvous", "import of torch_xla.distributed.xla_backend", "none (affects the `xla` backend only)",
+          "the documented `init_process_group('xla', init_method='xla://')` and `new_group` "
+          "over xla replicas", "distributed.xla_backend:install"),
 ]
-_BY_NAME = {p.name: p for p in REGISTRY}
+_BY_NAME: Dict[str, Patch] = {p.name: p for p in REGISTRY}
+_installed: Dict[str, bool] = {}   # name -> installed (False: turned off or refused)
+_lock = threading.RLock()          # installers may ask for other entries
 
 
 def enabled(name: str) -> bool:
     """Whether the entry is on (its opt-out variable is not set to 0)."""
     p = _BY_NAME[name]
-    if p.opt_out is None or p.opt_out not in config.VARS:
+    if p.opt_out is None or p.opt_out not in env_vars.VARS:
         return True
-    return bool(config.get(p.opt_out))
+    return bool(env_vars.get(p.opt_out))
+
+
+def install(name: str) -> bool:
+    """Installs entry `name` once (nothing when it is turned off); whether it is installed."""
+    done = _installed.get(name)
+    if done is not None:
+        return done
+    with _lock:
+        if name in _installed:
+            return _installed[name]
+        p = _BY_NAME[name]
+        on = enabled(name)
+        if on:
+            module, _, fn = p.installer.partition(":")
+            result = getattr(importlib.import_module("torch_xla." + module), fn)()
+            on = result is not False   # an installer refusing a PyTorch that looks different says False
+        _installed[name] = on
+        return on
+
+
+def install_phase(phase: str) -> None:
+    """Installs every entry of `phase`, in registry order."""
+    assert phase in PHASES, phase
+    for p in REGISTRY:
+        if p.phase == phase:
+            install(p.name)
+
+
+def installed(name: str) -> bool:
+    return bool(_installed.get(name))
 
 
 def signature_matches(fn: Callable, params: List[str], name: str) -> bool:
@@ -158,223 +255,10 @@ def signature_matches(fn: Callable, params: List[str], name: str) -> bool:
     return True
 
 
-# ---- module_apply ---------------------------------------------------------------------------
-
-_orig_apply = torch.nn.Module._apply
-_tls = threading.local()
-
-
-def _apply(self, fn, recurse=True):
-    if getattr(_tls, "active", False) or not recurse:
-        return _orig_apply(self, fn, recurse)
-    holders = {}
-    for mod in self.modules():
-        for name, p in mod._parameters.items():
-            if p is not None:
-                holders.setdefault(id(p), []).append((mod, name))
-    _tls.active = True
-    try:
-        out = _orig_apply(self, fn, recurse)
-    finally:
-        _tls.active = False
-    for refs in holders.values():
-        if len(refs) < 2:
-            continue
-        mod0, name0 = refs[0]
-        first = mod0._parameters[name0]
-        if first is None or first.device.type != "xla":
-            continue
-        for mod, name in refs[1:]:
-            if mod._parameters[name] is not first:
-                mod._parameters[name] = first
-    return out
-
-
-def install_import_time() -> None:
-    """The entries applied by `import torch_xla` that are not kernel registrations."""
-    if (enabled("module_apply") and torch.nn.Module._apply is _orig_apply
-            and signature_matches(_orig_apply, ["self", "fn", "recurse"], "torch.nn.Module._apply")):
-        torch.nn.Module._apply = _apply
-    install_dynamo_skips()
-    if enabled("quiet_gc_imports"):
-        install_quiet_dynamo_import()
-
-
-def install_dynamo_skips() -> None:
-    """`dynamo_skips_engine`: now if torch._dynamo is loaded, else once it loads."""
-    rules = sys.modules.get("torch._dynamo.trace_rules")
-    if rules is not None:
-        _skip_engine(rules)
-    elif not any(isinstance(f, _AfterTraceRules) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterTraceRules())
-
-
-def _skip_engine(rules) -> None:
-    for name in ("torch_xla._engine", "torch_xla._XLAC", "torch_xla.distributed.spmd", "jax", "jaxlib",
-                 "ml_dtypes"):
-        rules.add(name)
-    # The specialised kernels are generated code named "<kernel aten::...>" (kernels/specialise.py):
-    # no module directory covers them, so their file-name prefix is skipped too.
-    dirs = getattr(rules, "SKIP_DIRS", None)
-    if isinstance(dirs, list) and hasattr(rules, "_recompile_re") and "<kernel " not in dirs:
-        dirs.append("<kernel ")
-        rules._recompile_re()
-
-
-class _OneShotImportHook:
-    """A one-shot import hook: wraps the loading of module `NAME` with `around(run, module)`."""
-    NAME = ""
-
-    def around(self, run, module) -> None:
-        run(module)
-
-    def find_spec(self, name, path, target=None):
-        if name != self.NAME:
-            return None
-        sys.meta_path.remove(self)
-        import importlib.util
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        run = spec.loader.exec_module
-        spec.loader.exec_module = lambda module: self.around(run, module)
-        return spec
-
-
-class _AfterTraceRules(_OneShotImportHook):
-    """Runs `_skip_engine` right after torch._dynamo.trace_rules loads."""
-    NAME = "torch._dynamo.trace_rules"
-
-    def around(self, run, module) -> None:
-        run(module)
-        _skip_engine(module)
-
-
-# ---- quiet_gc_imports ---------------------------------------------------------------------------
-# (`import torch_xla` pauses the collector itself: torch_xla/__init__.py.)
-
-class _QuietDynamoImport(_OneShotImportHook):
-    """Runs torch._dynamo's import (torch.optim's first step or torch.compile does it) with
-    the collector paused: its full passes rescanned torch's import-time objects."""
-    NAME = "torch._dynamo"
-
-    def around(self, run, module) -> None:
-        with collector.paused():
-            run(module)
-
-
-def install_quiet_dynamo_import() -> None:
-    """`quiet_gc_imports` for torch._dynamo (when it is not imported yet)."""
-    if ("torch._dynamo" not in sys.modules
-            and not any(isinstance(f, _QuietDynamoImport) for f in sys.meta_path)):
-        sys.meta_path.insert(0, _QuietDynamoImport())
-
-
-def after_jax_start() -> None:
-    """The entries applied once jax has started (they must see its loaded modules)."""
-    if enabled("tune_gc"):
-        tune_gc()
-
-
-# ---- inline_backward ----------------------------------------------------------------------------
-
-class _InlineBackwardEngine:
-    """Stands for PyTorch's autograd engine object: `run_backward` runs with the engine's
-    multithreading off (a thread-local flag, restored after), everything else is the engine's."""
-
-    def __init__(self, engine):
-        self._engine = engine
-
-    def run_backward(self, *args, **kwargs):
-        was = torch._C._is_multithreading_enabled()
-        torch._C._set_multithreading_enabled(False)
-        try:
-            return self._engine.run_backward(*args, **kwargs)
-        finally:
-            torch._C._set_multithreading_enabled(was)
-
-    def __getattr__(self, name):
-        return getattr(self._engine, name)
-
-
-def install_inline_backward() -> None:
-    """`inline_backward` (idempotent)."""
-    from torch.autograd.variable import Variable
-    engine = Variable._execution_engine
-    if isinstance(engine, _InlineBackwardEngine):
-        return
-    if not (hasattr(engine, "run_backward") and hasattr(torch._C, "_set_multithreading_enabled")):
-        warnings.warn("torch_xla: not patching the autograd engine: it looks different; a backward "
-                      "on a device other than xla:0 may fail")
-        return
-    Variable._execution_engine = _InlineBackwardEngine(engine)
-
-
-# ---- tune_gc ----------------------------------------------------------------------------------
-
-def tune_gc() -> None:
-    """The import-time objects move to the permanent generation (`gc.freeze()`;
-    refcounting still frees them) and the youngest generation collects every 10,000 net
-    allocations instead of 700; a threshold the program already changed is kept."""
-    import gc
-    gc.freeze()
-    t0, t1, t2 = gc.get_threshold()
-    if t0 == 700:
-        gc.set_threshold(10000, t1, t2)
-
-
-# ---- lazy_dynamo_disable ----------------------------------------------------------------------
-# Many of PyTorch's meta kernels are Python references wrapped by `torch._disable_dynamo`,
-# whose wrapper imports torch._dynamo on the first call (1-2 s here) to build a
-# "don't trace this" version of the function, cached as `fn.__dynamo_disable`. While
-# torch._dynamo is not imported nothing can be tracing, so calling `fn` directly is the
-# same. Each wrapped function gets a stand-in that does that, and hands over to the real
-# wrapper once torch._dynamo has been imported (by the user, torch.compile or torch.optim).
-
-class _UntilDynamo:
-    __slots__ = ("fn", "recursive")
-
-    def __init__(self, fn, recursive):
-        self.fn, self.recursive = fn, recursive
-
-    def __call__(self, *args, **kwargs):
-        dyn = sys.modules.get("torch._dynamo")
-        if dyn is None or not hasattr(dyn, "disable"):
-            return self.fn(*args, **kwargs)
-        real = dyn.disable(self.fn, self.recursive, wrapping=False)
-        setattr(self.fn, "__dynamo_disable", real)  # (a plain assignment here would be name-mangled)
-        return real(*args, **kwargs)
-
-
-_dynamo_patched = [False]
-
-
-def lazy_dynamo_disable() -> None:
-    """Gives every `torch._disable_dynamo` wrapper the stand-in above (once; nothing to do
-    when torch._dynamo is already imported). It finds them among the collector's objects,
-    before `gc.freeze()` would hide them."""
-    if _dynamo_patched[0] or not enabled("lazy_dynamo_disable"):
-        return
-    _dynamo_patched[0] = True
-    if "torch._dynamo" in sys.modules:
-        return
-    try:
-        code = torch._compile._disable_dynamo(lambda: None).__code__
-        i_fn, i_rec = code.co_freevars.index("fn"), code.co_freevars.index("recursive")
-    except (AttributeError, ValueError):  # another torch: leave it alone
-        warnings.warn("torch_xla: not patching torch._disable_dynamo: its wrapper looks different")
-        return
-    import gc
-    # The wrappers are the functions whose code is `code` (its referrers: 16 ms here,
-    # against 42 ms for a Python loop over every object the collector tracks).
-    for f in gc.get_referrers(code):
-        if type(f) is types.FunctionType and f.__code__ is code:
-            fn = f.__closure__[i_fn].cell_contents
-            if getattr(fn, "__dynamo_disable", None) is None:
-                try:
-                    fn.__dynamo_disable = _UntilDynamo(fn, f.__closure__[i_rec].cell_contents)
-                except (AttributeError, TypeError):
-                    pass
+def refuse(name: str, why: str) -> bool:
+    """For installers: warns that `name` is left alone because `why`; returns False."""
+    warnings.warn(f"torch_xla: not patching {name}: {why}")
+    return False
 
 
 # ---- the documentation ------------------------------------------------------------------------
@@ -383,7 +267,7 @@ def markdown() -> str:
     """The ARCHITECTURE.md section generated from REGISTRY."""
     lines = ["| what | changed | when | turn it off | why |", "| --- | --- | --- | --- | --- |"]
     for p in REGISTRY:
-        off = f"`{p.opt_out}=0`" if p.opt_out in config.VARS else (p.opt_out or "xla device only")
+        off = f"`{p.opt_out}=0`" if p.opt_out in env_vars.VARS else p.opt_out
         lines.append(f"| `{p.name}` | {p.target} | {p.when} | {off} | {p.why} |")
     return "\n".join(lines)
 

@@ -12,7 +12,22 @@ import threading
 
 _MASK = (1 << 63) - 1
 _lock = threading.Lock()
-_state = {"seed": 101, "counter": itertools.count(), "node": None}
+
+
+class _Generator:
+    """The step's seed, `counter` (the op numbers still to hand out: an `itertools.count`,
+    whose `next` is atomic under the GIL) and `node` (the seed's graph leaf, made at the
+    step's first random op). Replaced under `_lock` (seeding, snapshots, the barrier's
+    advance); the tracing threads read them and make `node` without it, per random op."""
+    __slots__ = ("seed", "counter", "node")
+
+    def __init__(self):
+        self.seed = 101
+        self.counter = itertools.count()
+        self.node = None
+
+
+_gen = _Generator()
 
 
 # Positions handed out by `state()` (token -> (seed, op number)), newest last: a token
@@ -25,13 +40,9 @@ def set_seed(seed: int) -> None:
     with _lock:
         pos = _positions.get(int(seed))
         s, n = pos if pos is not None else (int(seed) & _MASK, 0)
-        _state["seed"] = s
-        _state["counter"] = itertools.count(n)
-        _state["node"] = None
-
-
-def get_seed() -> int:
-    return _state["seed"]
+        _gen.seed = s
+        _gen.counter = itertools.count(n)
+        _gen.node = None
 
 
 def state() -> int:
@@ -39,9 +50,9 @@ def state() -> int:
     changes nothing. At the start of a step that is the seed itself; after random ops drew
     from it, a token standing for (seed, op number) that `set_seed` recognises."""
     with _lock:
-        n = next(_state["counter"])
-        _state["counter"] = itertools.count(n)
-        seed = _state["seed"]
+        n = next(_gen.counter)
+        _gen.counter = itertools.count(n)
+        seed = _gen.seed
         if n == 0:
             return seed
         token = ((seed * 0x9E3779B97F4A7C15) ^ (n * 0xBF58476D1CE4E5B9)) & _MASK
@@ -54,22 +65,22 @@ def state() -> int:
 
 def next_op() -> tuple:
     """(seed, op number) for the next random op of this step."""
-    return _state["seed"], next(_state["counter"])
+    return _gen.seed, next(_gen.counter)
 
 
 def snapshot() -> tuple:
     """The generator's position: the next random op draws what it would draw now."""
     with _lock:
-        n = next(_state["counter"])
-        _state["counter"] = itertools.count(n)
-        return _state["seed"], n, _state["node"]
+        n = next(_gen.counter)
+        _gen.counter = itertools.count(n)
+        return _gen.seed, n, _gen.node
 
 
 def restore(snap: tuple) -> None:
     """Returns the generator to a `snapshot()` (e.g. to replay a checkpointed forward)."""
     with _lock:
-        _state["seed"], n, _state["node"] = snap
-        _state["counter"] = itertools.count(n)
+        _gen.seed, n, _gen.node = snap
+        _gen.counter = itertools.count(n)
 
 
 def advance_step() -> None:
@@ -79,31 +90,30 @@ def advance_step() -> None:
 
 
 def _advance() -> None:
-    s = _state["seed"]
-    _state["seed"] = (s * 6364136223846793005 + 1442695040888963407) & _MASK
-    _state["counter"] = itertools.count()
-    _state["node"] = None
+    _gen.seed = (_gen.seed * 6364136223846793005 + 1442695040888963407) & _MASK
+    _gen.counter = itertools.count()
+    _gen.node = None
 
 
 def seed_node():
     """The step's seed as a graph parameter (one leaf shared by the step's random ops)."""
-    n = _state["node"]
+    n = _gen.node
     if n is None:
         import torch
         from . import ir
-        n = ir.ScalarParam(_state["seed"] & 0xFFFFFFFF, torch.int64)
-        _state["node"] = n
+        n = ir.ScalarParam(_gen.seed & 0xFFFFFFFF, torch.int64)
+        _gen.node = n
     return n
 
 
 def current_seed_node():
     """The seed leaf random ops of this step read (None before the step's first one)."""
-    return _state["node"]
+    return _gen.node
 
 
 def fresh_seed() -> int:
     """A seed no traced op of this step or the next uses (for a captured program's run)."""
     advance_step()
-    s = _state["seed"] & 0xFFFFFFFF
+    s = _gen.seed & 0xFFFFFFFF
     advance_step()
     return s

@@ -16,11 +16,11 @@ from __future__ import annotations
 import ctypes
 import threading
 import weakref
-from typing import Callable, List, Optional
+from typing import Callable, Optional
 
 import torch
 
-from . import ir, metrics
+from . import ir, telemetry
 
 # PyTorch's constructor of a storage-less PrivateUse1 tensor: always on device index 0.
 _EMPTY_ON_0 = torch._C._acc.create_empty_tensor
@@ -53,8 +53,8 @@ class XlaState:
         data_states.add(self)
 
 
-CREATED = _CREATED = metrics.cell("CreateXlaTensor")
-_DESTROYED = metrics.cell("DestroyXlaTensor")
+CREATED = _CREATED = telemetry.cell("CreateXlaTensor")
+_DESTROYED = telemetry.cell("DestroyXlaTensor")
 
 
 class TensorState(XlaState):
@@ -108,22 +108,31 @@ data_states: "weakref.WeakSet[XlaState]" = weakref.WeakSet()
 
 # ---- the device index ---------------------------------------------------------------------
 
-# DEVICE_INDEX[0]: this process's device index, None until fixed (`device_index()`).
-DEVICE_INDEX: List[Optional[int]] = [None]
-# The function that decides the index (set by the runtime, which knows the job and platform).
-_resolvers: List[Callable[[], int]] = []
+class _DeviceIndex:
+    """This process's device index: `value` is None until fixed (`device_index()`), decided
+    by `resolver` (set by the runtime, which knows the job and platform). Fixed by the first
+    thread that makes a tensor, before any other can; changed only by `set_device_index`
+    (SPMD mode, before any tensor)."""
+    __slots__ = ("value", "resolver")
+
+    def __init__(self):
+        self.value: Optional[int] = None
+        self.resolver: Optional[Callable[[], int]] = None
+
+
+decided_index = _DeviceIndex()
 
 
 def set_index_resolver(fn: Callable[[], int]) -> None:
-    _resolvers[:] = [fn]
+    decided_index.resolver = fn
 
 
 def device_index() -> int:
     """This process's device index, decided at its first use."""
-    i = DEVICE_INDEX[0]
+    i = decided_index.value
     if i is None:
-        i = _resolvers[0]() if _resolvers else 0
-        DEVICE_INDEX[0] = i
+        i = decided_index.resolver() if decided_index.resolver is not None else 0
+        decided_index.value = i
     return i
 
 
@@ -135,10 +144,10 @@ def tensors_made() -> bool:
 def set_device_index(index: Optional[int]) -> None:
     """Fixes the index (None: decide again at the next use). Refused once a tensor was made
     on another index: tensors of one process must all be on its one device."""
-    if tensors_made() and index != DEVICE_INDEX[0]:
-        raise RuntimeError(f"this process's tensors are on xla:{DEVICE_INDEX[0]} already; its device "
+    if tensors_made() and index != decided_index.value:
+        raise RuntimeError(f"this process's tensors are on xla:{decided_index.value} already; its device "
                            f"cannot become {'undecided' if index is None else f'xla:{index}'}")
-    DEVICE_INDEX[0] = index
+    decided_index.value = index
 
 
 def _first_empty(shape, dtype: torch.dtype) -> torch.Tensor:

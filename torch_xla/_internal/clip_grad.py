@@ -39,11 +39,12 @@ clip_grad_norm_.__doc__ = _ORIG.__doc__
 clip_grad_norm_._orig = _ORIG
 
 
-def install() -> None:
-    """Makes `torch.nn.utils.clip_grad_norm_` this function (once, if PyTorch's looks as
-    expected)."""
-    if torch.nn.utils.clip_grad_norm_ is _ORIG and patches.signature_matches(
-            _ORIG, _PARAMS, "torch.nn.utils.clip_grad_norm_"):
-        torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
-        if getattr(_clip_grad, "clip_grad_norm_", None) is _ORIG:
-            _clip_grad.clip_grad_norm_ = clip_grad_norm_
+def install() -> bool:
+    """Patch `clip_grad_norm`: makes `torch.nn.utils.clip_grad_norm_` this function (if
+    PyTorch's looks as expected)."""
+    if not patches.signature_matches(_ORIG, _PARAMS, "torch.nn.utils.clip_grad_norm_"):
+        return False
+    torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
+    if getattr(_clip_grad, "clip_grad_norm_", None) is _ORIG:
+        _clip_grad.clip_grad_norm_ = clip_grad_norm_
+    return True

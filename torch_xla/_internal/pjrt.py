@@ -13,7 +13,7 @@ import pickle
 import tempfile
 from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 
-from .._engine import boot as _boot, launcher as _launcher, runtime as _runtime
+from .._engine import boot as _boot, launcher as _launcher, pjrt as _runtime
 from .. import runtime as xr
 
 R = TypeVar("R")
@@ -36,7 +36,7 @@ class _CallWithoutIndex:
     def __init__(self, fn: Callable[..., R], args: tuple, kwargs: dict, errdir: str):
         self.fn, self.args, self.kwargs, self.errdir = fn, args, kwargs, errdir
 
-    def __call__(self, index: int):
+    def __call__(self, _index: int):
         rank = xr.global_ordinal()
         try:
             return rank, self.fn(*self.args, **self.kwargs)
@@ -101,7 +101,7 @@ class _SpawnFn:
     def __init__(self, fn: Callable, args: tuple):
         self.fn, self.args = fn, args
 
-    def __call__(self, index: int = 0):
+    def __call__(self, _index: int = 0):
         return self.fn(xr.global_ordinal(), *self.args)
 
 

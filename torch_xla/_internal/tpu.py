@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from torch_xla._engine import runtime as _rt
+from torch_xla._engine import pjrt as _rt
 
 
 def version() -> int:

@@ -30,4 +30,4 @@ class ToXlaTensorArena:
         if not found:
             return inputs
         converted = iter(self._convert_fn(found))
-        return self._walk(inputs, lambda v: next(converted))
+        return self._walk(inputs, lambda _v: next(converted))

@@ -41,18 +41,18 @@ _PT_XLA_TYPE_MAP = {v: k for k, v in _XLA_PT_TYPE_MAP.items()}
 
 
 def _np_dtype(xla_type: str) -> np.dtype:
-    from .._engine import runtime
-    return runtime.numpy_dtype(_XLA_PT_TYPE_MAP[xla_type])
+    from .._engine import pjrt
+    return pjrt.numpy_dtype(_XLA_PT_TYPE_MAP[xla_type])
 
 
 def _xla_type(np_dtype) -> str:
-    from .._engine import runtime
-    return _PT_XLA_TYPE_MAP[runtime.torch_dtype(np_dtype)]
+    from .._engine import pjrt
+    return _PT_XLA_TYPE_MAP[pjrt.torch_dtype(np_dtype)]
 
 
 def _jax():
-    from .._engine import runtime
-    return runtime.jax_module()
+    from .._engine import pjrt
+    return pjrt.jax_module()
 
 def _raw_shape(shape):
     """A Shape object's raw form (dict or list); raw shapes as they are."""
@@ -101,7 +101,7 @@ def _shift_right(a, b):
     return lax.shift_right_logical(a, b)
 
 
-def _padding(padding, operand_shape, window, strides):
+def _padding(padding):
     if isinstance(padding, str):
         p = padding.upper()
         if p not in ("SAME", "VALID"):
@@ -115,7 +115,7 @@ def _conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None, 
                           precision_config=None):
     lax = _lax()
     return lax.conv_general_dilated(
-        lhs, rhs, tuple(window_strides), _padding(padding, lhs.shape, rhs.shape, window_strides),
+        lhs, rhs, tuple(window_strides), _padding(padding),
         lhs_dilation=None if lhs_dilation is None else tuple(lhs_dilation),
         rhs_dilation=None if rhs_dilation is None else tuple(rhs_dilation),
         dimension_numbers=dimension_numbers, feature_group_count=feature_group_count,
@@ -152,21 +152,35 @@ def _reduce(x, init, computation, dimensions):
 
 def _reduce_window(x, init, computation, window_dimensions, window_strides, padding='valid'):
     return _lax().reduce_window(x, init, _scalar_fn(computation), tuple(window_dimensions),
-                                tuple(window_strides), _padding(padding, x.shape, window_dimensions,
-                                                                window_strides))
+                                tuple(window_strides), _padding(padding))
 
 
 def _max_pool(x, kernel_size, stride, batch_dimension, feature_dimension, spatial_dimensions,
               padding='valid'):
+    """XLA's MaxPool: `kernel_size` and `stride` give the window of every dimension (as XLA's
+    builder takes them), or of `spatial_dimensions` only, the batch and feature dimensions
+    then being the other two (a window of 1)."""
     lax = _lax()
     jnp = _jnp()
-    window = [1] * x.ndim
-    strides = [1] * x.ndim
-    for d, k, s in zip(spatial_dimensions, kernel_size, stride):
-        window[d], strides[d] = k, s
+    rank = x.ndim
+    if len(kernel_size) == rank and len(stride) == rank:
+        window, strides = [int(k) for k in kernel_size], [int(s) for s in stride]
+    else:
+        spatial = [int(d) for d in spatial_dimensions]
+        layout = [int(batch_dimension), int(feature_dimension)] + spatial
+        if sorted(layout) != list(range(rank)):
+            raise ValueError(f"MaxPool: batch dimension {batch_dimension}, feature dimension {feature_dimension} "
+                             f"and spatial dimensions {list(spatial_dimensions)} must name each of the operand's "
+                             f"{rank} dimensions once")
+        if not len(kernel_size) == len(stride) == len(spatial):
+            raise ValueError(f"MaxPool: kernel_size {list(kernel_size)} and stride {list(stride)} need one entry "
+                             f"per dimension ({rank}) or per spatial dimension ({len(spatial)})")
+        window, strides = [1] * rank, [1] * rank
+        for d, k, s in zip(spatial, kernel_size, stride):
+            window[d], strides[d] = int(k), int(s)
     init = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
     return lax.reduce_window(x, jnp.asarray(init, x.dtype), lax.max, tuple(window), tuple(strides),
-                             _padding(padding, x.shape, window, strides))
+                             _padding(padding))
 
 
 def _map(*args, computation, dimensions, n):
@@ -225,7 +239,7 @@ def _scatter(x, idx, upd, computation, update_window_dims, inserted_window_dims,
                                   unique_indices=bool(unique_indices), mode=lax.GatherScatterMode.FILL_OR_DROP)
 
 
-def _reshape(x, sizes, dimensions=None, inferred_dimension=None):
+def _reshape(x, sizes, dimensions=None):
     return _lax().reshape(x, tuple(sizes), None if dimensions is None else tuple(dimensions))
 
 
@@ -268,9 +282,9 @@ def _iota(shape, iota_dimension):
 
 def _constant(value):
     jnp = _jnp()
-    from .._engine import runtime
+    from .._engine import pjrt
     if isinstance(value, torch.Tensor):
-        return jnp.asarray(runtime.to_numpy(value.cpu()))
+        return jnp.asarray(pjrt.to_numpy(value.cpu()))
     return jnp.asarray(value)
 
 

@@ -20,7 +20,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .._dynamo import config
-from .._engine import capture as _capture, config as _config, executor as _executor, metrics, mode
+from .._engine import capture as _capture, env_vars as _config, executor as _executor, telemetry, mode
 from .._engine.executor import analysis as _analysis
 from .._engine.tensor import state_of
 
@@ -80,11 +80,11 @@ class UnsupportedNodesCollector(torch.fx.Interpreter):
         self._unsupported: List[torch.fx.Node] = []
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
-        saved = metrics.snapshot_counters()
+        saved = telemetry.snapshot_counters()
         try:
             return super().run(*args, **kwargs)
         finally:
-            metrics.restore_counters(saved)
+            telemetry.restore_counters(saved)
 
     def run_node(self, n: torch.fx.Node) -> Any:
         before = _fallbacks()
@@ -100,26 +100,36 @@ class UnsupportedNodesCollector(torch.fx.Interpreter):
 
 
 def _fallbacks() -> int:
-    return sum(v for k, v in metrics.counters.items() if k.startswith("aten::"))
+    return sum(v for k, v in telemetry.counters.items() if k.startswith("aten::"))
 
 
-_DONOR_CONFIG = [False]
+class _DonorConfig:
+    """`alias`: graph hashes count which inputs are buffer donors. One setting for the
+    process (not per thread): set and restored by `alias_with_buffer_donor_config` in
+    the thread that enters it, without a lock; read by any thread that hashes a graph."""
+    __slots__ = ("alias",)
+
+    def __init__(self):
+        self.alias = False
+
+
+_donor_config = _DonorConfig()
 
 
 @contextlib.contextmanager
 def alias_with_buffer_donor_config(should_alias: bool = True) -> Iterator[bool]:
     """Inside the block, graph hashes (`_XLAC._get_graph_hash`) count which inputs are
     buffer donors (`_XLAC._set_buffer_donation`). Yields the previous setting."""
-    saved = _DONOR_CONFIG[0]
-    _DONOR_CONFIG[0] = should_alias
+    saved = _donor_config.alias
+    _donor_config.alias = should_alias
     try:
         yield saved
     finally:
-        _DONOR_CONFIG[0] = saved
+        _donor_config.alias = saved
 
 
 def donor_config() -> bool:
-    return _DONOR_CONFIG[0]
+    return _donor_config.alias
 
 
 def _signature(args: Sequence[Any]) -> tuple:
@@ -151,7 +161,7 @@ class CompiledGraph:
         return _run(program, flat, states)
 
     def _first_call(self, key: tuple, args: Sequence[Any]) -> Any:
-        metrics.inc("DynamoExtractCompiledGraph")
+        telemetry.inc("DynamoExtractCompiledGraph")
         tensor_pos = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         if any(args[i].device.type != "xla" for i in tensor_pos):
             _debug(f"graph {self.name}: an input is not on the xla device: it runs lazily at every call")
@@ -184,8 +194,8 @@ def _run(program, flat: list, states=None) -> Any:
     """Runs a traced graph's program on its input buffers; each run records how many
     buffers went in and came out (`RunCachedGraphInputData` / `...OutputData`)."""
     results = program.run_flat(flat, states)
-    metrics.add_sample("RunCachedGraphInputData", len(flat))
-    metrics.add_sample("RunCachedGraphOutputData", len(results))
+    telemetry.add_sample("RunCachedGraphInputData", len(flat))
+    telemetry.add_sample("RunCachedGraphOutputData", len(results))
     return program.outputs(results)
 
 
@@ -199,13 +209,16 @@ def _check_inputs(states) -> None:
         if config.skip_input_data_check:
             raise RuntimeError("input data to dynamo graph can not be a pending ir: call torch_xla.sync() "
                                "first, or leave torch_xla._dynamo.config.skip_input_data_check False")
-        metrics.inc("DynamoSyncInputExecuteTime")   # the run computes them first (the original's name)
+        telemetry.inc("DynamoSyncInputExecuteTime")   # the run computes them first (the original's name)
 
 
-def extract_compiled_graph(graph_module: torch.fx.GraphModule, args: Sequence[Any]) -> Callable:
+def extract_compiled_graph(graph_module: torch.fx.GraphModule,
+                           args: Sequence[Any]) -> Callable:  # noqa: ARG001 (traced at the first call)
     """Binds a dynamo FX graph to XLA: returns a callable taking the graph's inputs.
 
-    The graph is traced and compiled for `args`' shapes at the callable's first call."""
+    The graph is traced and compiled at the callable's first call, for the shapes of the
+    inputs it gets (one program per input signature), so the example `args` (the
+    original traces them at once) are not needed."""
     return CompiledGraph(graph_module)
 
 

@@ -18,7 +18,8 @@ computation, and `select_and_scatter` with arbitrary select/scatter computations
 from __future__ import annotations
 
 import hashlib
-from typing import Callable, Dict, List, Optional, Sequence, Union
+import warnings
+from typing import Callable, Dict, List, Optional, Sequence, Set, Union
 
 import numpy as np
 import torch
@@ -26,6 +27,18 @@ import torch
 
 from ._xla_ops import (Type, _XLA_PT_TYPE_MAP, _PT_XLA_TYPE_MAP, _aval_of_shape, _conv_kwargs,  # noqa: F401
                        _jax, _np_dtype, _op_table, _raw_shape, _xla_type, _constant, _iota)
+
+
+# Functions whose ignored keyword arguments were already warned about (once per process each).
+_WARNED: Set[str] = set()
+
+
+def _ignored_kwargs(fn: str, kwargs: dict) -> None:
+    """PyTorch/XLA's `fn` takes `**kwargs` and ignores them: warns once that they do nothing."""
+    if kwargs and fn not in _WARNED:
+        _WARNED.add(fn)
+        warnings.warn(f"Op.{fn}: keyword arguments {sorted(kwargs)} have no effect (PyTorch/XLA's {fn} "
+                      f"accepts and ignores them)", UserWarning, stacklevel=3)
 
 
 class Shape:
@@ -307,7 +320,8 @@ class Op:
     def __rshift__(self, rhs): return mkop('ShiftRight', (self, rhs))
     __hash__ = object.__hash__
 
-    def reshape(self, sizes, dimensions=None, inferred_dimension=None) -> "Op":
+    def reshape(self, sizes, dimensions=None,
+                inferred_dimension=None) -> "Op":  # noqa: ARG002 (marks a dynamic size; sizes are static here)
         return mkop('Reshape', (self,), sizes=sizes, dimensions=dimensions)
 
     def broadcast(self, sizes) -> "Op":
@@ -476,7 +490,9 @@ class Op:
         return create_computation(name, Op.wrap_function(computation), shapes, **kwargs)
 
     def mkconditional(self, ops, true_fn, false_fn, **kwargs) -> "Op":
-        """`true_fn(*ops)` if this predicate holds, else `false_fn(*ops)`."""
+        """`true_fn(*ops)` if this predicate holds, else `false_fn(*ops)` (`kwargs`: ignored,
+        as PyTorch/XLA does; warned once)."""
+        _ignored_kwargs("mkconditional", kwargs)
         input_tuple = Op.tuple(ops)
         return self.conditional(input_tuple, input_tuple, true_fn, false_fn)
 
@@ -488,7 +504,9 @@ class Op:
 
     @classmethod
     def mkwhile(cls, ops, condition_fn, body_fn, **kwargs) -> "Op":
-        """The tuple of `ops` transformed by `body_fn(*elements)` while `condition_fn(*elements)`."""
+        """The tuple of `ops` transformed by `body_fn(*elements)` while `condition_fn(*elements)`
+        (`kwargs`: ignored, as PyTorch/XLA does; warned once)."""
+        _ignored_kwargs("mkwhile", kwargs)
         return Op.tuple(ops).while_loop(condition_computation=condition_fn, body_computation=body_fn)
 
     def get_dimension_size(self, dimension: int) -> "Op":
@@ -593,8 +611,8 @@ def tensor_shape(tensor, device: str = ''):
     """The XLA shape of a tensor (a list of shapes for a list of tensors)."""
     if isinstance(tensor, (list, tuple)):
         return [tensor_shape(t, device) for t in tensor]
-    from .._engine import runtime
-    return Shape.create(_xla_type(runtime.device_dtype(tensor.dtype)) if tensor.device.type == 'xla'
+    from .._engine import pjrt
+    return Shape.create(_xla_type(pjrt.device_dtype(tensor.dtype)) if tensor.device.type == 'xla'
                         else Op.from_torch_type(tensor.dtype), tuple(tensor.shape))
 
 
@@ -628,7 +646,7 @@ def xla_computation_as_func(computation: Computation, name: Optional[str] = None
 
 def user_computation(opname: str, inputs: Sequence[torch.Tensor], computation: Computation) -> List[torch.Tensor]:
     """Applies `computation` to xla tensors: one tensor per element of a tuple result."""
-    from .._engine import runtime
+    from .._engine import pjrt
     from .._engine.kernels import engine_op
     if not isinstance(computation, Computation):
         raise TypeError(f"expected a Computation, got {type(computation).__name__}")
@@ -640,11 +658,11 @@ def user_computation(opname: str, inputs: Sequence[torch.Tensor], computation: C
         if t.device.type != 'xla':
             raise RuntimeError(f"{opname}: input {i} is on {t.device}, expected an xla tensor")
         if s.is_tuple() or tuple(t.shape) != tuple(s.sizes) or \
-                _xla_type(runtime.device_dtype(t.dtype)) != s.dtype:
+                _xla_type(pjrt.device_dtype(t.dtype)) != s.dtype:
             raise ValueError(f"{opname}: input {i} of shape {tuple(t.shape)} ({t.dtype}) does not match "
                              f"parameter {i} of computation {computation.name}: {s.shape}")
     jax = _jax()
     leaves = jax.tree_util.tree_leaves(_aval_of_shape(computation.result_shape))
-    avals = [(tuple(a.shape), runtime.torch_dtype(a.dtype)) for a in leaves]
+    avals = [(tuple(a.shape), pjrt.torch_dtype(a.dtype)) for a in leaves]
     with torch.no_grad():
         return engine_op("xla::user_computation", [t.detach() for t in inputs], (opname, computation), avals)

@@ -2,10 +2,10 @@
 
 Each constant holds its own name (`xenv.PJRT_DEVICE == 'PJRT_DEVICE'`), for code that
 reads or sets them by constant. What this project does with each one is in
-`torch_xla/_engine/config.py` (the README's table)."""
+`torch_xla/_engine/env_vars.py` (the README's table)."""
 from __future__ import annotations
 
-from .._engine import config as _config
+from .._engine import env_vars as _config
 
 _NAMES = (
     "PJRT_DEVICE", "CPU_NUM_DEVICES", "GPU_NUM_DEVICES", "TPU_NUM_DEVICES", "TPUVM_MODE",

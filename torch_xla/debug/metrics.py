@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
-from .._engine import metrics as _m
+from .._engine import telemetry as _m
 from .._engine.metrics_report import format_report
 
 _SHORT_COUNTERS = ["CachedCompile", "UncachedCompile", "MarkStep", "DynamoSyncInputExecuteTime"]

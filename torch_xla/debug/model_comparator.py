@@ -16,15 +16,31 @@ from typing import Dict, List, Optional
 
 import torch
 
-_state: Dict[str, object] = {"dir": None, "ids": {}, "step": None}
+
+class _Saves:
+    """Where `save` writes: `dir` (None: `MODELCMP_SAVEDIR`), `ids` (name -> saves so far
+    in the current folder), `step` (the step of that folder). Read and written by the
+    threads that call `configure` / `save`, without a lock."""
+    __slots__ = ("dir", "ids", "step")
+
+    def __init__(self):
+        self.reset(None)
+
+    def reset(self, save_dir: Optional[str], step: Optional[int] = None) -> None:
+        self.dir = save_dir
+        self.ids: Dict[str, int] = {}
+        self.step = step
+
+
+_saves = _Saves()
 _SAVED = re.compile(r".*\.\d+$")
 
 
 def _save_dir() -> Optional[str]:
-    if _state["dir"] is not None:
-        return _state["dir"]
-    from .._engine import config
-    return config.get("MODELCMP_SAVEDIR")
+    if _saves.dir is not None:
+        return _saves.dir
+    from .._engine import env_vars
+    return env_vars.get("MODELCMP_SAVEDIR")
 
 
 def _is_master() -> bool:
@@ -43,7 +59,7 @@ def _default_name() -> str:
 
 def configure(save_dir: Optional[str]) -> None:
     """Saves go to `save_dir` from now on (None: back to `MODELCMP_SAVEDIR`); ids restart."""
-    _state.update(dir=save_dir, ids={}, step=None)
+    _saves.reset(save_dir)
 
 
 def save(name: Optional[str], tensor: torch.Tensor, step: Optional[int] = None) -> torch.Tensor:
@@ -60,9 +76,9 @@ def save(name: Optional[str], tensor: torch.Tensor, step: Optional[int] = None) 
     if step is not None:
         path = os.path.join(folder, f"step-{step}")
         os.makedirs(path, exist_ok=True)
-        if step != _state["step"]:
-            _state.update(step=step, ids={})
-    ids = _state["ids"]
+        if step != _saves.step:
+            _saves.reset(_saves.dir, step)
+    ids = _saves.ids
     n = ids.get(name, 0)
     ids[name] = n + 1
     torch.save(data, os.path.join(path, f"{name}.{n}"))

@@ -19,26 +19,48 @@ import threading
 import time
 from typing import Any, Callable, Optional, Union
 
-from .._engine import executor, ir, job, runtime
+from .._engine import executor, ir, job, pjrt
 from .._engine.executor import analysis
 
-_state = {"server": None, "port": None, "marked_step": False}
+
+class _Server:
+    """This process's profiler server (`start_server`) and its port. Written under `_lock`
+    by the thread that starts it; `port` is also read without it by the threads that call
+    `trace` (a server starting meanwhile is reached through the client instead)."""
+    __slots__ = ("server", "port")
+
+    def __init__(self):
+        self.server = None
+        self.port: Optional[int] = None
+
+
+class _StepMark:
+    """`marked`: whether a `StepTrace` marked a step (`set_tracer_marked_step`). Written and
+    read by any thread, without a lock."""
+    __slots__ = ("marked",)
+
+    def __init__(self):
+        self.marked = False
+
+
+_server = _Server()
+_step_mark = _StepMark()
 _lock = threading.Lock()
 
 
 def _profiler():
-    runtime.jax_module()
+    pjrt.jax_module()
     import jax.profiler
     return jax.profiler
 
 
 def set_tracer_marked_step(value: bool) -> None:
     """Records whether a `StepTrace` marked a step (read by `get_tracer_marked_step`)."""
-    _state["marked_step"] = bool(value)
+    _step_mark.marked = bool(value)
 
 
 def get_tracer_marked_step() -> bool:
-    return _state["marked_step"]
+    return _step_mark.marked
 
 
 class Trace:
@@ -116,14 +138,14 @@ def start_server(port: int, only_on_master: bool = True):
     if only_on_master and job.local_ordinal() != 0:
         return None
     with _lock:
-        if _state["server"] is not None:
-            if _state["port"] == port:
-                return _state["server"]
-            raise RuntimeError(f"a profiler server already runs on port {_state['port']} "
+        if _server.server is not None:
+            if _server.port == port:
+                return _server.server
+            raise RuntimeError(f"a profiler server already runs on port {_server.port} "
                                f"(one per process); cannot start one on {port}")
-        _state["server"] = _profiler().start_server(port)
-        _state["port"] = port
-        return _state["server"]
+        _server.server = _profiler().start_server(port)
+        _server.port = port
+        return _server.server
 
 
 def _options(host_tracer_level: int, python_tracer_level: int):
@@ -153,7 +175,7 @@ def stop_trace() -> None:
 def _is_this_process(service_addr: str) -> bool:
     host, _, port = service_addr.rpartition(":")
     host = host.strip("[]")
-    if _state["port"] is None or not port.isdigit() or int(port) != _state["port"]:
+    if _server.port is None or not port.isdigit() or int(port) != _server.port:
         return False
     try:
         addr = socket.gethostbyname(host or "localhost")

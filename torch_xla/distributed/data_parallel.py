@@ -72,10 +72,10 @@ class DataParallel:
             raise RuntimeError(f'Model uses more than one device: {sorted(devices)}')
         return devices.pop() if devices else 'cpu'
 
-    def __call__(self, loop_fn: Callable, loader, fixed_batch_size: bool = False, batchdim: int = 0,
-                 **kwargs) -> List[Any]:
-        """Runs one epoch: `loop_fn(model, device_loader, device, context)` per device;
-        returns their results in device order. With one device the loop runs in the calling
+    def __call__(self, loop_fn: Callable, loader, batchdim: int = 0, **kwargs) -> List[Any]:
+        """Runs one epoch: `loop_fn(model, device_loader, device, context, **kwargs)` per
+        device; returns their results in device order (`batchdim`: the batch dimension of
+        the loader's samples). With one device the loop runs in the calling
         thread (its exceptions propagate); with several, one thread each, and an exception in
         one thread ends the process (the others would wait forever in their collectives)."""
         if self._native_run:

@@ -24,6 +24,7 @@ from typing import Any, Dict, List
 import torch
 
 import torch_xla.core.xla_model as xm
+from torch_xla._engine import patches as _patches
 from torch_xla._engine.executor import analysis as _analysis
 
 _AT_STEP_END = "torch_xla.sync in parallel loader at step end"
@@ -125,7 +126,11 @@ class _State:
 _live_states: "weakref.WeakSet[_State]" = weakref.WeakSet()
 
 
-@atexit.register
+def register_exit_hook() -> None:
+    """Patch `close_loaders_at_exit`."""
+    atexit.register(_close_all_at_exit)
+
+
 def _close_all_at_exit() -> None:
     states = list(_live_states)
     for s in states:
@@ -337,6 +342,7 @@ class ParallelLoader:
                                             host_to_device_transfer_threads)
         self._state = _State(loader, list(self._queues.values()), input_sharding)
         _live_states.add(self._state)
+        _patches.install("close_loaders_at_exit")
         threads = [threading.Thread(target=_loader_worker, args=(self._state,),
                                     name="xla-parallel-loader", daemon=True)]
         for dq in self._queues.values():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import warnings
 from typing import Any, Dict, Iterator, List, Optional, Type
 
 import torch
@@ -18,7 +19,16 @@ import torch.nn.functional as F
 from torch.optim import Optimizer
 
 from .. import runtime as xr
-from .._engine import collectives as _coll
+from .._engine import comm as _coll
+
+_WARNED = set()
+
+
+def _no_effect(arg: str, why: str) -> None:
+    """Warns once per process that `arg` changes nothing here."""
+    if arg not in _WARNED:
+        _WARNED.add(arg)
+        warnings.warn(f"ZeroRedundancyOptimizer: {arg} has no effect here: {why}", UserWarning, stacklevel=4)
 
 __all__ = ["ZeroRedundancyOptimizer"]
 
@@ -49,6 +59,12 @@ class ZeroRedundancyOptimizer(Optimizer):
         self.grad_clipping = grad_clipping
         self.max_norm = 1.0 if max_norm is None else max_norm
         self.pin_layout = pin_layout
+        if not pin_layout:
+            _no_effect("pin_layout=False", "every replica runs the same compiled program, so the layouts of "
+                       "a collective's operands agree everywhere")
+        if use_grad_acc_hook:
+            _no_effect("use_grad_acc_hook=True", "gradients are reduce-scattered from `.grad` at `step()`, "
+                       "whatever accumulated them")
         self.bucket_cap_mb_all_gather = bucket_cap_mb_all_gather
         self.bucket_cap_mb_reduce_scatter = bucket_cap_mb_reduce_scatter
         self.save_master_weights = save_master_weights

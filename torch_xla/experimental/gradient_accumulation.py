@@ -2,7 +2,9 @@
 
 PyTorch/XLA builds one XLA While loop; here the loop is traced into the step's graph
 (one iteration per slice), with the same results: gradients summed into `.grad` of the
-model's parameters, the losses (each divided by the number of steps) summed.
+model's parameters (only theirs: other tensors the loss depends on get none, as the
+original's loop returns the model's gradients only), the losses (each divided by the
+number of steps) summed.
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ def gradient_accumulation(train_step: Callable[..., Any], iterable_tensors: Tupl
                           model: torch.nn.Module, *carried_tensors: torch.Tensor
                           ) -> Union[torch.Tensor, Tuple[torch.Tensor, ...]]:
     """Runs `train_step(*slices, *carried)` for each index of the leading dimension of
-    `iterable_tensors`, back-propagating `loss / steps` each time.
+    `iterable_tensors`, back-propagating `loss / steps` each time into the `.grad` of
+    `model`'s parameters (those that require it).
 
     train_step returns the loss, or (loss, *new_carried) when carried tensors are given; it
     must not modify its inputs in place (AssertionError, as PyTorch/XLA's check).
@@ -32,6 +35,7 @@ def gradient_accumulation(train_step: Callable[..., Any], iterable_tensors: Tupl
             raise ValueError(f"Element {i} of iterable_tensors is empty")
         if t.size(0) != steps:
             raise ValueError(f"Element {i} of iterable_tensors has inconsistent first dimension")
+    params = [p for p in model.parameters() if p.requires_grad]
     carried = tuple(carried_tensors)
     total = None
     for i in range(steps):
@@ -49,6 +53,9 @@ def gradient_accumulation(train_step: Callable[..., Any], iterable_tensors: Tupl
         else:
             loss = result
         loss = loss / steps
-        loss.backward()
+        if params:
+            loss.backward(inputs=params)
+        elif not loss.requires_grad:
+            loss.backward()  # PyTorch's error: nothing to differentiate
         total = loss.detach() if total is None else total + loss.detach()
     return (total, *carried) if carried else total

@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.utils.rnn import PackedSequence
 
+from .._engine import patches
 from .._engine.kernels import engine_op
 
 _ORIG_GRU = nn.GRU
@@ -98,8 +99,10 @@ class GRU(_ORIG_GRU):
         return output, h_n
 
 
-def install() -> None:
-    """Makes `torch.nn.GRU` this class (once; the original stays as `torch.nn.GRU._orig`)."""
-    if nn.GRU is _ORIG_GRU:
-        nn.GRU = GRU
-        nn.modules.rnn.GRU = GRU
+def install() -> bool:
+    """Patch `nn_gru`: makes `torch.nn.GRU` this class (the original stays as `torch.nn.GRU._orig`)."""
+    if not patches.signature_matches(_ORIG_GRU.forward, ["self", "input", "hx"], "torch.nn.GRU"):
+        return False
+    nn.GRU = GRU
+    nn.modules.rnn.GRU = GRU
+    return True

@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch_xla.debug.metrics as met
 from torch_xla import runtime as xr
-from torch_xla._engine import config as _config
+from torch_xla._engine import env_vars as _config
 
 
 def mp_test(func):

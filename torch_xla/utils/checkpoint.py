@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, List, Tuple
 import torch
 import torch.utils.checkpoint as _tc
 
-from .._engine import collectives as _coll, rng as _rng
+from .._engine import comm as _coll, rng as _rng
 
 __all__ = ["checkpoint", "checkpoint_sequential", "CheckpointFunction"]
 

@@ -14,7 +14,7 @@ import tempfile
 import time
 from typing import Any, Callable, List, Optional
 
-from .._engine import config as _config
+from .._engine import env_vars as _config
 
 
 # ---- synthetic data ----------------------------------------------------------------------------
@@ -297,7 +297,7 @@ class TmpFolder:
 
 # ---- printing and timing -----------------------------------------------------------------------
 
-def null_print(*args, **kwargs) -> None:
+def null_print(*args, **kwargs) -> None:  # noqa: ARG001 (print's signature, to print nothing)
     """A print function that prints nothing."""
     return None
 

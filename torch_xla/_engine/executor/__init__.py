@@ -1,12 +1,7 @@
 """The graph executor: pending IR -> keyed graph -> compiled program -> device buffers.
 
-- `graph.py`: one walk over a barrier's IR (order, parameters, key);
-- `lower.py`: the graph as a jax function, one `lowering.apply` per node;
-- `strategies.py`: how a graph becomes a program (`Local`, `Replicated`);
-- `donation.py`: which parameter buffers a program may overwrite;
-- `compile.py`, `persistent.py`: compiling, the in-memory and on-disk caches;
-- `barrier.py`: execute / sync / materialize; `closures.py`: step closures;
-- `checks.py`: the device-side index checks, inspected after the programs ran.
+Its modules, and the order a barrier passes through them, are in docs/ARCHITECTURE.md
+("Layout and layers", "Life of a training step").
 """
 from __future__ import annotations
 
@@ -24,16 +19,16 @@ def activate_debugging() -> None:
     PT_XLA_DEBUG_LEVEL, the dump files, XLA_USE_EAGER_DEBUG_MODE, XLA_PERSISTENT_CACHE_PATH,
     and warns about the variables that cannot apply here."""
     import warnings
-    from .. import boot, config, mode
+    from .. import boot, env_vars, mode
     from . import analysis, dumps, persistent
     analysis.activate()
     dumps.activate()
-    if config.get("XLA_USE_EAGER_DEBUG_MODE"):
+    if env_vars.get("XLA_USE_EAGER_DEBUG_MODE"):
         mode.set_eager(True)
-    path = config.get("XLA_PERSISTENT_CACHE_PATH")
+    path = env_vars.get("XLA_PERSISTENT_CACHE_PATH")
     if path:
         boot.after_start.append(lambda: persistent.enabled() or persistent.initialize(boot.start_jax(), path))
-    for name, why in config.refused_set().items():
+    for name, why in env_vars.refused_set().items():
         warnings.warn(f"{name} is set but has no effect in torch_xla: {why}", stacklevel=3)
 
 

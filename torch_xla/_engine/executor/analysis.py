@@ -9,7 +9,7 @@ run. At exit a summary counts compiles and executions and those a host read caus
 Causes: a public entry point that runs a barrier names itself with `cause(text)` (the
 outermost one wins: the parallel loader's `mark_step` is the loader's); without one, a full
 barrier is the user's `torch_xla.sync` and a single tensor's run is a host read. Nothing
-here runs unless the level is set (`ON[0]`), and never per traced op: the executor calls it
+here runs unless the level is set (`settings.on`), and never per traced op: the executor calls it
 at compiles and executions only.
 """
 from __future__ import annotations
@@ -22,10 +22,22 @@ import os
 import sys
 from typing import Iterator, List, Optional
 
-from .. import config, ir, job, metrics
+from .. import env_vars, ir, job, patches, telemetry
 
-ON = [False]          # any analysis wanted (level >= 1): checked by the executor
-_LEVEL = [0]
+
+class _Settings:
+    """`on`: any analysis is wanted (level >= 1), so the executor calls this module;
+    `level`: the analysis level. Written once, by `activate` at the import of torch_xla
+    (under Python's import lock); read by any thread at barriers, compiles and executions."""
+    __slots__ = ("on", "level")
+
+    def __init__(self):
+        self.on = False
+        self.level = 0
+
+
+settings = _Settings()
+
 _causes: List[tuple] = []     # (text, graph name)
 _history: List[tuple] = []    # (key, cause, descriptions, sources) of compiled graphs
 _MAX_HISTORY = 64
@@ -40,9 +52,9 @@ HOST_READ = "user code trying to access tensor value before torch_xla.sync"
 
 
 def level() -> int:
-    lv = config.get("PT_XLA_DEBUG_LEVEL")
+    lv = env_vars.get("PT_XLA_DEBUG_LEVEL")
     if lv < 0:
-        lv = 100 if config.get("PT_XLA_DEBUG") else 0
+        lv = 100 if env_vars.get("PT_XLA_DEBUG") else 0
     return lv
 
 
@@ -51,17 +63,22 @@ def activate() -> None:
     lv = level()
     if lv <= 0:
         return
-    _LEVEL[0] = lv
-    ON[0] = True
+    settings.level = lv
+    settings.on = True
     # The recompilation analysis names the source line that created a changed op.
     ir.record_sources()
+    patches.install("debug_exit_summary")
+
+
+def register_summary() -> None:
+    """Patch `debug_exit_summary`."""
     atexit.register(_summary)
 
 
 @contextlib.contextmanager
 def cause(text: str, name: Optional[str] = None) -> Iterator[None]:
     """The cause (and graph name) reported for the barriers run inside the block."""
-    if not ON[0] or _causes:
+    if not settings.on or _causes:
         yield
         return
     _causes.append((text, name))
@@ -112,7 +129,7 @@ def _user_line() -> str:
 def _emit(text: str) -> None:
     if job.local_ordinal() != 0:
         return
-    path = config.get("PT_XLA_DEBUG_FILE")
+    path = env_vars.get("PT_XLA_DEBUG_FILE")
     if path:
         with open(path, "a") as fh:
             fh.write(text)
@@ -140,7 +157,7 @@ def _graph_info(key: int, n_in: int, n_out: int, name: Optional[str]) -> List[st
 
 
 def _frame_lines() -> List[str]:
-    limit = config.get("PT_XLA_DEBUG_MAX_FRAME")
+    limit = env_vars.get("PT_XLA_DEBUG_MAX_FRAME")
     frames = _frames()
     body = ["Python Frame Triggered Execution: "]
     for i, fr in enumerate(frames):
@@ -157,7 +174,7 @@ def _cause_lines(text: str) -> List[str]:
 
 
 def compiled(graph, compiled_exe, default: str, eager: bool = False) -> None:
-    """Reports one compile of `graph` (called by the executor, with ON[0] set)."""
+    """Reports one compile of `graph` (called by the executor, with `settings.on`)."""
     if eager:
         return
     text, name = _resolve(default)
@@ -188,7 +205,7 @@ def executed(graph, default: str, eager: bool = False, dynamo: bool = False) -> 
         if _stats["first_host_read"] is None:
             _stats["first_host_read"] = _user_line()
         text = f"{text}\n  ({_user_line()})"
-    if _LEVEL[0] < 2:
+    if settings.level < 2:
         return
     body = ["Execution Cause"] + _cause_lines(text)
     body += _graph_info(graph.key, len(graph.params), len(graph.roots), name)
@@ -331,11 +348,11 @@ def step() -> None:
     if steps < 5:
         return
     for name, threshold in (("CompileTime", 0.5), ("TransferFromDeviceTime", 0.9)):
-        m = metrics.metrics.get(name)
+        m = telemetry.metrics.get(name)
         if m is not None and m.total_samples / steps > threshold and name not in _stats["warned"]:
             _stats["warned"].add(name)
             _emit(f"pt-xla-profiler: {name} too frequent: {m.total_samples} counts during {steps} steps\n")
-    ops = [c for c in sorted(metrics.counters) if c.startswith("aten::") and c != "aten::_local_scalar_dense"]
+    ops = [c for c in sorted(telemetry.counters) if c.startswith("aten::") and c != "aten::_local_scalar_dense"]
     if ops and "ops" not in _stats["warned"]:
         _stats["warned"].add("ops")
         _emit(f"pt-xla-profiler: Op(s) not lowered: {', '.join(ops)},  (they ran on the CPU)\n")
@@ -350,10 +367,12 @@ def _summary() -> None:
                      f"compilation(s) were caused by reading a tensor's value (print, .item(), .cpu()) "
                      f"before torch_xla.sync; the first at {s['first_host_read']}")
     for name in ("CompileTime", "TransferFromDeviceTime"):
-        m = metrics.metrics.get(name)
+        m = telemetry.metrics.get(name)
         if m is not None and s["steps"] and m.total_samples > s["steps"]:
             lines.append(f"pt-xla-profiler: {name} too frequent: {m.total_samples} counts during {s['steps']} steps")
     try:
         _emit("\n".join(lines) + "\n")
-    except Exception:  # noqa: BLE001  (interpreter shutdown)
+    except ValueError:
+        # stderr closed before the exit handlers ran: nothing can show the summary. (An
+        # unwritable PT_XLA_DEBUG_FILE raises OSError, which atexit reports.)
         pass

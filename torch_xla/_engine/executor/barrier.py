@@ -10,7 +10,7 @@ import threading
 import time
 from typing import List, Optional
 
-from .. import config, ir, metrics, mode, rng, runtime, sharding
+from .. import env_vars, ir, telemetry, mode, rng, pjrt, partitioning
 from ..tensor import XlaState, pending
 from . import analysis, checks, closures, compile as compiling, dumps, hlo_text, manual, strategies
 from .donation import donatable
@@ -18,17 +18,26 @@ from .graph import Graph
 
 _lock = threading.RLock()
 _now = time.perf_counter_ns
-# `_XLAC._set_allow_execution(False)`: any execution is an error (a compiled function
-# that must not run programs of its own).
-ALLOW_EXECUTION = [True]
-_listeners = {"after_sync": []}
+
+
+class _Execution:
+    """`allowed` False (`_XLAC._set_allow_execution(False)`): any execution is an error (a
+    compiled function that must not run programs of its own). Written by the thread that
+    calls `_set_allow_execution`, read by every executing thread without a lock."""
+    __slots__ = ("allowed",)
+
+    def __init__(self):
+        self.allowed = True
+
+
+execution = _Execution()
 # (state, fn): on_ready callbacks whose value was still pending when they were registered.
 _waiting: list = []
 
 
 def walk(roots) -> Graph:
     """The keyed graph of `roots` ((node, idx) values) and its strategy."""
-    with runtime.phase("torch_xla::build_graph"):
+    with pjrt.phase("torch_xla::build_graph"):
         graph = Graph(roots)
     strategy = strategies.for_graph(graph)
     return graph.keyed(strategy.name), strategy
@@ -47,7 +56,7 @@ def execute(states: List[XlaState], barrier: bool = False, metric: str = "Execut
     states = [s for s in states if type(s.node) is not ir.DeviceData]
     if not states:
         return
-    if not ALLOW_EXECUTION[0]:
+    if not execution.allowed:
         raise RuntimeError("Unexpected execution happens inside the compiled function, exiting "
                            "(graph execution is disallowed: torch_xla._XLAC._set_allow_execution(False))")
     # Several states may share one value (aliases): compute each value once.
@@ -59,7 +68,7 @@ def execute(states: List[XlaState], barrier: bool = False, metric: str = "Execut
             root_of[k] = len(roots)
             roots.append((s.node, s.idx))
     graph, strategy = walk(roots)
-    if barrier and sharding.MANUAL_USED[0]:
+    if barrier and partitioning.manual_regions.used:
         # Per-device values of an unfinished manual region cannot be computed alone: they
         # stay pending (the region's exit will compute them).
         stuck = manual.per_device_roots(graph)
@@ -70,9 +79,9 @@ def execute(states: List[XlaState], barrier: bool = False, metric: str = "Execut
     t0 = _now()
     args = graph.param_values(on_device=strategy is strategies.LOCAL)
     donate = donatable(graph) if barrier and strategy.donates else ()
-    metrics.add_sample("InputOutputAliasCount", len(donate))
+    telemetry.add_sample("InputOutputAliasCount", len(donate))
     args = strategy.to_args(args, graph)
-    metrics.add_sample("UnwrapXlaData", _now() - t0)
+    telemetry.add_sample("UnwrapXlaData", _now() - t0)
     exe = compiling.lookup(graph.key, donate)
     eager = metric != "ExecuteTime"
     if exe is None:
@@ -83,21 +92,21 @@ def execute(states: List[XlaState], barrier: bool = False, metric: str = "Execut
             dumps.failed(graph, strategy, e, "compilation")
             raise
         compiling.remember(graph.key, exe)
-        if analysis.ON[0]:
+        if analysis.settings.on:
             analysis.compiled(graph, exe.compiled, why, eager)
     else:
-        metrics.inc("CachedCompile")
+        telemetry.inc("CachedCompile")
     if exe.upgrade is not None:
         exe.settle()
-    if analysis.ON[0]:
+    if analysis.settings.on:
         analysis.executed(graph, why, eager)
-    if dumps.ON[0] and not eager:
+    if dumps.settings.on and not eager:
         dumps.executed(graph, strategy, analysis.resolve(why), analysis.frames())
     if exe.paced:
         pol = compiling.platform_policy()
         token = pol.before_dispatch(exe.paced)
     t_run = _now()
-    with runtime.phase("torch_xla::execute"):
+    with pjrt.phase("torch_xla::execute"):
         try:
             outs = exe.compiled(*args)
         except Exception as e:
@@ -107,20 +116,20 @@ def execute(states: List[XlaState], barrier: bool = False, metric: str = "Execut
     # when the run does, not when the asynchronous dispatch returns (the outputs of one
     # program are ready together: the first stands for all).
     if outs:
-        metrics.add_sample_when_ready(strategy.execute_metric if metric == "ExecuteTime" else metric,
+        telemetry.add_sample_when_ready(strategy.execute_metric if metric == "ExecuteTime" else metric,
                                       t_run, outs[0])
     else:
-        metrics.add_sample(strategy.execute_metric if metric == "ExecuteTime" else metric, _now() - t_run)
+        telemetry.add_sample(strategy.execute_metric if metric == "ExecuteTime" else metric, _now() - t_run)
     if exe.paced:
         pol.after_dispatch(exe.paced, token, outs)
     outs = strategy.from_outputs(checks.split(outs, exe.checks), graph)
     del graph
-    metrics.inc("ExecuteCount")
+    telemetry.inc("ExecuteCount")
     if strategy is strategies.SPMD:
-        metrics.inc("ExecuteReplicated")
+        telemetry.inc("ExecuteReplicated")
     del args
     t0 = _now()
-    metrics.inc("CreateDataHandles", len(outs))
+    telemetry.inc("CreateDataHandles", len(outs))
     by_array = {}
     for s in states:
         r = root_of[(id(s.node), s.idx)]
@@ -130,7 +139,7 @@ def execute(states: List[XlaState], barrier: bool = False, metric: str = "Execut
             node = by_array[r] = ir.DeviceData(outs[r], (s.shape, s.dtype))
             node.computed = True
         s.set_data(node)
-    metrics.add_sample("WrapXlaData", _now() - t0)
+    telemetry.add_sample("WrapXlaData", _now() - t0)
     if _waiting:
         _notify_ready()
 
@@ -166,19 +175,19 @@ def _notify_ready() -> None:
 
 def sync(wait: bool = False, states: Optional[List[XlaState]] = None) -> None:
     """The barrier: runs all pending IR (or that of `states`) and the step closures."""
-    wait = wait or config.get("XLA_SYNC_WAIT")
+    wait = wait or env_vars.get("XLA_SYNC_WAIT")
     t0 = _now()
-    with _lock, runtime.phase("torch_xla::sync"):
-        metrics.add_sample("DeviceLockWait", _now() - t0)
+    with _lock, pjrt.phase("torch_xla::sync"):
+        telemetry.add_sample("DeviceLockWait", _now() - t0)
         if checks._pending:
             checks.poll(block=False)  # earlier programs' index checks, if they have finished
         if states is None:
-            metrics.inc("MarkStep")
+            telemetry.inc("MarkStep")
         if mode.SPMD[0]:
-            sharding.constrain_annotated()
+            partitioning.constrain_annotated()
         live = pending.take_live() if states is None else states
         if live:
-            metrics.add_sample("TensorsGraphSize", len(live))
+            telemetry.add_sample("TensorsGraphSize", len(live))
             try:
                 execute(live, barrier=states is None, why=analysis.SYNC if states is None else analysis.PARTIAL)
             except BaseException:
@@ -187,12 +196,10 @@ def sync(wait: bool = False, states: Optional[List[XlaState]] = None) -> None:
                 raise
         if states is None:
             rng.advance_step()
-            if analysis.ON[0]:
+            if analysis.settings.on:
                 analysis.step()
-            if dumps.ON[0]:
+            if dumps.settings.on:
                 dumps.step()
-        for cb in _listeners["after_sync"]:
-            cb()
         if wait:
             wait_all(live)
             checks.poll(block=True)
@@ -221,10 +228,14 @@ def wait_all(states=None) -> None:
         return
     for s in states:
         if type(s.node) is ir.DeviceData:
+            array = s.node.array
             try:
-                s.node.array.block_until_ready()
-            except Exception:
-                pass
+                array.block_until_ready()
+            except pjrt.jax_module().errors.JaxRuntimeError:
+                # A buffer donated (another thread's step) since has nothing left to wait
+                # for; a failed execution is this step's failure and is raised.
+                if not array.is_deleted():
+                    raise
 
 
 def lowered(roots):
@@ -245,8 +256,8 @@ def lower_text(roots, dialect: str = "stablehlo") -> str:
     """The text of the program computing `roots` (no execution): StableHLO, or XLA's HLO
     (`dialect="hlo"`, with the sharding annotations before partitioning); with
     XLA_HLO_DEBUG, with locations (each op's Python source line)."""
-    from .. import config
-    debug = bool(config.get("XLA_HLO_DEBUG"))
+    from .. import env_vars
+    debug = bool(env_vars.get("XLA_HLO_DEBUG"))
     graph, strategy = walk(roots)
     # A region left unfinished (per-device results) can be printed, not run: as the
     # original prints it, with XLA's SPMD custom calls at its edges.

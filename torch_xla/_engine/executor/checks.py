@@ -23,7 +23,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from .. import config, ir
+from .. import env_vars, ir
 
 # (error array, check infos) of executions not inspected yet, oldest first.
 _pending: deque = deque()
@@ -32,7 +32,7 @@ _MAX_PENDING = 64
 
 
 def enabled() -> bool:
-    return bool(config.get("XLA_CHECK_INDICES"))
+    return bool(env_vars.get("XLA_CHECK_INDICES"))
 
 
 def error_output(checks: list):
@@ -81,7 +81,7 @@ def poll(block: bool) -> None:
 def _ready(err) -> bool:
     try:
         return err.is_ready()
-    except Exception:  # noqa: BLE001  (a deleted or failed buffer: let the read raise)
+    except RuntimeError:  # jax's JaxRuntimeError: a failed buffer is finished, reading it raises
         return True
 
 
@@ -89,7 +89,7 @@ def _inspect(entry) -> None:
     err, check_infos = entry
     try:
         v = np.asarray(err.addressable_shards[0].data)
-    except Exception:  # noqa: BLE001  (the execution itself failed: its outputs raise that)
+    except RuntimeError:  # jax's JaxRuntimeError: the execution failed, its outputs raise that
         return
     code = int(v[0])
     if code:
@@ -106,10 +106,6 @@ def error(info: tuple, value: int, pos: int) -> BaseException:
 
 def clear() -> None:
     _pending.clear()
-
-
-def pending_count() -> int:
-    return len(_pending)
 
 
 def split(outs, check_infos: Optional[list]):

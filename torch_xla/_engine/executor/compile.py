@@ -5,7 +5,7 @@ import functools
 import time
 from typing import Dict, List, Optional
 
-from .. import config, metrics, runtime
+from .. import env_vars, telemetry, pjrt
 from ..platform import policy
 from . import persistent, tiers
 from .graph import Graph
@@ -42,22 +42,26 @@ class Executable:
         pending, self.upgrade = self.upgrade, None
         try:
             full = pending.wait()
-        except Exception:  # noqa: BLE001  (the quick executable computes the same program)
-            metrics.inc("TieredCompileFailed")
+        except Exception as e:  # noqa: BLE001  (any compile error: the quick executable computes the same program)
+            import warnings
+            telemetry.inc("TieredCompileFailed")
+            first_line = (str(e).strip().splitlines() or [""])[0]
+            warnings.warn(f"torch_xla: the optimized compile of a tiered program failed, the quick one stays "
+                          f"in use: {type(e).__name__}: {first_line}")
             return
         self.compiled = full
         self.paced = platform_policy().paced_bytes(full)
-        metrics.inc("TieredCompileSwitch")
+        telemetry.inc("TieredCompileSwitch")
 
 
 def platform_policy():
-    return policy(runtime.platform())
+    return policy(pjrt.platform())
 
 
 def compile_graph(graph: Graph, strategy, args, donate: tuple, metric: str = "CompileTime") -> Executable:
     """Lowers and compiles `graph` (or loads it from the persistent cache); `metric` times
     the compilation (`EagerOpCompileTime` for an op run by eager mode)."""
-    jax = runtime.jax_module()
+    jax = pjrt.jax_module()
     if graph.has_collective:
         _check_replica_groups(graph)
     pol = platform_policy()
@@ -75,30 +79,30 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple, metric: str = "Co
     t0 = time.perf_counter()
     # With a persistent cache the optimized program is the one to store: compile it now.
     quick = (pol.quick_compiler_options(len(graph.order))
-             if config.get("XLA_TIERED_COMPILE") and pkey is None else None)
+             if env_vars.get("XLA_TIERED_COMPILE") and pkey is None else None)
     hits = persistent.jax_cache_hits()
-    with metrics.timed(metric):
+    with telemetry.timed(metric):
         opts = pol.compiler_options(graph.op_avals())
         first = {**opts, **quick} if quick else opts
 
         def build(jit_options: dict):
-            with runtime.phase("torch_xla::lower"):
+            with pjrt.phase("torch_xla::lower"):
                 lowered = jax.jit(fn, donate_argnums=donate, keep_unused=True, **jit_options).lower(*args)
-            with runtime.phase("torch_xla::compile"):
+            with pjrt.phase("torch_xla::compile"):
                 return lowered, _compile(lowered, first)
         try:
             lowered, compiled = build(strategy.jit_options(graph, args))
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001  (the strategy judges any compile error; re-raised unless it retries)
             again = strategy.retry_options(graph, args, e)
             if again is None:
                 raise
             lowered, compiled = build(again)
-    metrics.inc("UncachedCompile")
-    metrics.inc("CreateCompileHandles")
-    metrics.inc("StableHloCompile")   # every program is compiled from its StableHLO module
+    telemetry.inc("UncachedCompile")
+    telemetry.inc("CreateCompileHandles")
+    telemetry.inc("StableHloCompile")   # every program is compiled from its StableHLO module
     pol.after_compile(time.perf_counter() - t0)
     if quick:
-        metrics.inc("TieredCompile")
+        telemetry.inc("TieredCompile")
         return Executable(compiled, donate, pol.paced_bytes(compiled), graph.checks, functools.partial(_compile, lowered, opts))
     if pkey is not None:
         if persistent.jax_cache_hits() != hits:
@@ -165,7 +169,7 @@ def lowered(graph: Graph, strategy, manual_text: bool = False):
     """The jax `Lowered` program of a graph (no compilation, no execution), with the
     portable lowering of every op (convolutions as convolutions on every platform);
     `manual_text`: see `build_fn`."""
-    jax = runtime.jax_module()
+    jax = pjrt.jax_module()
     from . import unbounded
     if unbounded.marked(graph):
         return unbounded.lowered(graph)

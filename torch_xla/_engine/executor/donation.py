@@ -10,7 +10,7 @@ the buffers.
 """
 from __future__ import annotations
 
-from .. import config, ir, metrics
+from .. import env_vars, ir, telemetry
 from ..tensor import data_states, state_of
 from .graph import Graph
 
@@ -25,7 +25,7 @@ def set_donor(tensor, should_donate: bool) -> bool:
         ir.DONORS.add(s.node)
     else:
         ir.DONORS.discard(s.node)
-    metrics.inc("XlaSetBufferDonation")
+    telemetry.inc("XlaSetBufferDonation")
     return True
 
 
@@ -45,7 +45,7 @@ def held_data() -> set:
 def donatable(graph: Graph) -> tuple:
     """Parameter slots whose buffers no live tensor will read after this run, matched to
     outputs of the same aval (XLA reuses a donated buffer only for such an output)."""
-    if config.get("XLA_NO_DONATION"):
+    if env_vars.get("XLA_NO_DONATION"):
         return ()
     held = held_data()
     root_ids = {id(n) for n, _ in graph.roots}

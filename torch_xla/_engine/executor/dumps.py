@@ -1,15 +1,27 @@
 """Graph dumps for debugging: the IR as text or Graphviz, and the files the debugging
 variables ask for (XLA_SAVE_TENSORS_FILE, XLA_SAVE_HLO_FILE, XLA_METRICS_FILE,
-XLA_DUMP_HLO_GRAPH). Nothing here runs unless one of them is set (`ON[0]`)."""
+XLA_DUMP_HLO_GRAPH). Nothing here runs unless one of them is set (`settings.on`)."""
 from __future__ import annotations
 
 from typing import Dict, List
 
 import torch
 
-from .. import config, ir, runtime
+from .. import env_vars, ir, pjrt
 
-ON = [False]     # XLA_SAVE_TENSORS_FILE or XLA_METRICS_FILE set: checked by the executor
+
+class _Settings:
+    """`on`: XLA_SAVE_TENSORS_FILE or XLA_METRICS_FILE is set, so the executor calls the
+    dumps here. Written once, by `activate` at the import of torch_xla (under Python's
+    import lock); read by any thread at barriers and executions."""
+    __slots__ = ("on",)
+
+    def __init__(self):
+        self.on = False
+
+
+settings = _Settings()
+
 _hlo_cache: Dict[int, str] = {}
 _DT = {"float32": "f32", "float64": "f64", "bfloat16": "bf16", "float16": "f16", "int64": "s64",
        "int32": "s32", "int16": "s16", "int8": "s8", "uint8": "u8", "uint16": "u16", "uint32": "u32",
@@ -17,10 +29,10 @@ _DT = {"float32": "f32", "float64": "f64", "bfloat16": "bf16", "float16": "f16",
 
 
 def activate() -> None:
-    ON[0] = bool(config.get("XLA_SAVE_TENSORS_FILE") or config.get("XLA_METRICS_FILE"))
-    if config.get("XLA_IR_DEBUG"):
+    settings.on = bool(env_vars.get("XLA_SAVE_TENSORS_FILE") or env_vars.get("XLA_METRICS_FILE"))
+    if env_vars.get("XLA_IR_DEBUG"):
         ir.record_sources()
-    fmt = config.get("XLA_SAVE_TENSORS_FMT")
+    fmt = env_vars.get("XLA_SAVE_TENSORS_FMT")
     if fmt not in ("text", "hlo", "dot"):
         raise ValueError(f"XLA_SAVE_TENSORS_FMT={fmt!r}: use text, hlo or dot")
 
@@ -33,7 +45,7 @@ def dtype_text(d) -> str:
 def _aval(a) -> str:
     # the type the device holds (bf16 under XLA_USE_BF16, s32 under XLA_USE_32BIT_LONG)
     try:
-        dt = runtime.device_dtype(a[1]).name
+        dt = pjrt.device_dtype(a[1]).name
     except (TypeError, KeyError):
         dt = a[1]
     return f"{dtype_text(dt)}[{','.join(map(str, a[0]))}]"
@@ -157,40 +169,40 @@ def graph_text(graph, strategy, fmt: str) -> str:
         if text is None:
             from .compile import lowered
             text = _hlo_cache[graph.key] = lowered(graph, strategy).as_text(
-                dialect="hlo", debug_info=bool(config.get("XLA_HLO_DEBUG")))
+                dialect="hlo", debug_info=bool(env_vars.get("XLA_HLO_DEBUG")))
         return text
     return ir_text(graph.order, graph.roots)
 
 
 def executed(graph, strategy, cause: str, frames: List[str]) -> None:
     """XLA_SAVE_TENSORS_FILE: appends the graph that is about to run."""
-    path = config.get("XLA_SAVE_TENSORS_FILE")
+    path = env_vars.get("XLA_SAVE_TENSORS_FILE")
     if not path:
         return
     from .analysis import graph_hash
     head = [f"[ScheduleSyncTensorsGraph] cause: {cause}", f"Graph Hash: {graph_hash(graph.key)}",
             "TensorsGraphInfo:"] + ["  " + f for f in frames] + [""]
     with open(path, "a") as fh:
-        fh.write("\n".join(head) + "\n" + graph_text(graph, strategy, config.get("XLA_SAVE_TENSORS_FMT")) + "\n")
+        fh.write("\n".join(head) + "\n" + graph_text(graph, strategy, env_vars.get("XLA_SAVE_TENSORS_FMT")) + "\n")
 
 
 def step() -> None:
     """XLA_METRICS_FILE: appends the metrics report at each step (full barrier)."""
-    path = config.get("XLA_METRICS_FILE")
+    path = env_vars.get("XLA_METRICS_FILE")
     if not path:
         return
-    from .. import metrics
+    from .. import telemetry
     from ..metrics_report import format_report
-    metrics.settle()   # the step's run included (a debugging file: waiting is acceptable)
+    telemetry.settle()   # the step's run included (a debugging file: waiting is acceptable)
     with open(path, "a") as fh:
-        fh.write(format_report(sorted(metrics.metrics), sorted(metrics.counters)))
+        fh.write(format_report(sorted(telemetry.metrics), sorted(telemetry.counters)))
 
 
 def failed(graph, strategy, exc: BaseException, stage: str) -> None:
     """A compile or execution failed: XLA_SAVE_HLO_FILE receives the program (its HLO, or
     the IR when it could not be lowered); XLA_DUMP_HLO_GRAPH adds it to the error."""
-    path = config.get("XLA_SAVE_HLO_FILE")
-    dump = config.get("XLA_DUMP_HLO_GRAPH")
+    path = env_vars.get("XLA_SAVE_HLO_FILE")
+    dump = env_vars.get("XLA_DUMP_HLO_GRAPH")
     if not path and not dump:
         return
     try:

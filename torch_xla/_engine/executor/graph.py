@@ -6,7 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .. import ir, metrics, runtime
+from .. import ir, telemetry, pjrt
 
 # Python scalars already on the device, by dtype and exact bytes (so -0.0 and 0.0, or 1
 # and True of another dtype, stay apart): a learning rate or a constant factor is sent
@@ -19,8 +19,8 @@ def _device_scalar(host: np.ndarray):
     key = (host.dtype, host.tobytes())
     a = _SCALARS.get(key)
     if a is None:
-        metrics.inc("DeviceDataCacheMiss")
-        a = _SCALARS[key] = runtime.put(host)
+        telemetry.inc("DeviceDataCacheMiss")
+        a = _SCALARS[key] = pjrt.put(host)
         if len(_SCALARS) > SCALAR_CACHE_SIZE:
             _SCALARS.popitem(last=False)
     else:
@@ -97,7 +97,7 @@ class Graph:
             if type(p) is ir.DeviceData:
                 out.append(p.array)
             else:
-                v = np.asarray(p.value, dtype=runtime.device_dtype(p.avals[0][1]))
+                v = np.asarray(p.value, dtype=pjrt.device_dtype(p.avals[0][1]))
                 out.append(_device_scalar(v) if on_device else v)
         return out
 

@@ -5,7 +5,7 @@ from typing import Optional
 
 import numpy as np
 
-from .. import ir, runtime
+from .. import ir, pjrt
 from ..lowering import LoweringError, apply, constants as lowering_constants, ctx as lowering_ctx
 from . import composites, manual
 from .graph import Graph
@@ -29,10 +29,20 @@ def lower_node(node: ir.Node, operand_vals: list, args: Optional[tuple] = None,
     """Applies a node's lowering to jax values; returns its outputs as a tuple. `args` /
     `avals` replace the node's own (sizes as symbolic expressions: `symbolic.py`)."""
     avals = node.avals if avals is None else avals
-    out_avals = tuple(None if a is None else (a[0], runtime.device_dtype(a[1])) for a in avals)
-    cdt = runtime.device_dtype(node.info) if node.lowering.promote and node.info is not None else None
+    out_avals = tuple(None if a is None else (a[0], pjrt.device_dtype(a[1])) for a in avals)
+    cdt = pjrt.device_dtype(node.info) if node.lowering.promote and node.info is not None else None
     return apply(node.lowering, _subst(node.args if args is None else args, operand_vals), out_avals, cdt)
 
+
+# The kinds of the steps of `build_fn`'s plan. A step is (kind, a, operand positions), `a`
+# as noted per kind.
+PARAMETER = 0       # the parameter's position among the function's arguments
+CONSTANT = 1        # its host value (numpy), compiled into the program
+NODE = 2            # the node, lowered by its lowering
+SPLAT_NODE = 3      # (node, `_splats`): an elementwise node whose scalar constants widen to its shape
+COMPOSITE_OUT = 4   # (pattern, output index, host constants): an output of a composite
+IN_REGION = 5       # None: a per-device node, lowered inside its manual region
+REGION_OUT = 6      # the manual region whose output this is
 
 _OPERAND_POS: dict = {}
 
@@ -58,7 +68,7 @@ def _splats(n: ir.Node, ops: tuple, plan: list) -> Optional[tuple]:
     shape = n.avals[0][0] if n.avals and n.avals[0] is not None else ()
     if not shape or len(n.avals) != 1 or not n.lowering.fn.__module__.endswith("lowering.elementwise"):
         return None
-    out = tuple(tuple(shape) if plan[p][0] == "c" and plan[p][1].ndim == 0 else None for p, _ in ops)
+    out = tuple(tuple(shape) if plan[p][0] == CONSTANT and plan[p][1].ndim == 0 else None for p, _ in ops)
     pos = _operand_pos(n.op) if n.op.startswith("aten::") else ()
     inline = tuple(k for k in pos if k < len(n.args) and type(n.args[k]) in (int, float))
     return (out, inline) if inline or any(s is not None for s in out) else None
@@ -68,7 +78,7 @@ def _lower_splats(a, ops, vals, plan) -> tuple:
     """Lowers an elementwise node whose scalar constants are widened to its shape."""
     node, (splats, inline) = a
     shape, dtype = node.avals[0]
-    dt = runtime.device_dtype(node.info if node.lowering.promote and node.info is not None else dtype)
+    dt = pjrt.device_dtype(node.info if node.lowering.promote and node.info is not None else dtype)
     operands = [vals[p][i] if sp is None else lowering_constants.splat(plan[p][1].astype(dt), sp)
                 for (p, i), sp in zip(ops, splats)]
     args = None
@@ -111,32 +121,32 @@ def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False, manua
         if t is ir.DeviceData or t is ir.ScalarParam:
             s = slot[id(n)]
             if constants is not None and s in constants:
-                plan.append(("c", np.asarray(constants[s], dtype=runtime.device_dtype(n.avals[0][1])), None))
+                plan.append((CONSTANT, np.asarray(constants[s], dtype=pjrt.device_dtype(n.avals[0][1])), None))
             else:
-                plan.append(("p", s, None))
+                plan.append((PARAMETER, s, None))
         elif patterns is not None and id(n) in patterns.exits:
             pattern, k = patterns.exits[id(n)]
             deps = tuple((index[id(o)], i) for o, i in pattern.deps())
             # constants are compiled into the composite's decomposition, not passed to it
-            host = tuple(plan[p][1] if plan[p][0] == "c" else None for p, _ in deps)
-            plan.append(("k", (pattern, k, host), deps))
+            host = tuple(plan[p][1] if plan[p][0] == CONSTANT else None for p, _ in deps)
+            plan.append((COMPOSITE_OUT, (pattern, k, host), deps))
         elif t is ir.Constant:
             shape, dt = n.avals[0]
-            plan.append(("c", np.asarray(n.value, dtype=runtime.device_dtype(dt)), None))
+            plan.append((CONSTANT, np.asarray(n.value, dtype=pjrt.device_dtype(dt)), None))
         elif regions is not None and id(n) in regions.skip:
-            plan.append(("s", None, None))  # per-device: lowered inside its region
+            plan.append((IN_REGION, None, None))
         elif regions is not None and id(n) in regions.exits:
             region = regions.exits[id(n)]
-            plan.append(("x", region, tuple((index[id(o)], i) for o, i in region.inputs)))
+            plan.append((REGION_OUT, region, tuple((index[id(o)], i) for o, i in region.inputs)))
         else:
             ops = tuple((index[id(o)], i) for o, i in n.operands)
             splats = _splats(n, ops, plan) if constants is not None else None
-            plan.append(("n", n, ops) if splats is None else ("ns", (n, splats), ops))
+            plan.append((NODE, n, ops) if splats is None else (SPLAT_NODE, (n, splats), ops))
 
     sources = ir.SOURCES
     if sources:
         import jax
-    checked = checks and checking.enabled() and any(k == "n" and a.lowering.checked for k, a, _ in plan)
+    checked = checks and checking.enabled() and any(k == NODE and a.lowering.checked for k, a, _ in plan)
     graph.checks = [] if checked else None
 
     def fn(*params):
@@ -158,36 +168,7 @@ def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False, manua
         vals = [None] * len(plan)
         done = {}   # id(pattern) -> its outputs
         for pos, (kind, a, ops) in enumerate(plan):
-            if kind == "p":
-                vals[pos] = (params[a],)
-            elif kind == "k":
-                pattern, k, host = a
-                outs = done.get(id(pattern))
-                if outs is None:
-                    args = [vals[p][i] if h is None else h for (p, i), h in zip(ops, host)]
-                    n_in = len(pattern.in_marks)
-                    outs = done[id(pattern)] = pattern.lower(args[:n_in], args[n_in:], lower_node)
-                vals[pos] = (outs[k],)
-            elif kind == "c":
-                vals[pos] = (jnp.asarray(a),)
-            elif kind == "s":
-                continue
-            elif kind == "ns":
-                lowering_ctx.node = a[0]
-                try:
-                    vals[pos] = _lower_splats(a, ops, vals, plan)
-                except LoweringError as e:
-                    raise GraphCompileError(str(e)) from e
-                except Exception as e:
-                    raise GraphCompileError(f"lowering {a[0].op} failed: {type(e).__name__}: {e}") from e
-            elif kind == "x":
-                # per-device code (inside shard_map): its checks cannot leave the region
-                saved, lowering_ctx.checks = lowering_ctx.checks, None
-                try:
-                    vals[pos] = (a.lower([vals[p][i] for p, i in ops], lower_node),)
-                finally:
-                    lowering_ctx.checks = saved
-            else:
+            if kind == NODE:
                 lowering_ctx.node = a
                 try:
                     src = sources.get(a) if sources else None
@@ -200,5 +181,33 @@ def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False, manua
                     raise GraphCompileError(str(e)) from e
                 except Exception as e:
                     raise GraphCompileError(f"lowering {a.op} failed: {type(e).__name__}: {e}") from e
+            elif kind == PARAMETER:
+                vals[pos] = (params[a],)
+            elif kind == CONSTANT:
+                vals[pos] = (jnp.asarray(a),)
+            elif kind == SPLAT_NODE:
+                lowering_ctx.node = a[0]
+                try:
+                    vals[pos] = _lower_splats(a, ops, vals, plan)
+                except LoweringError as e:
+                    raise GraphCompileError(str(e)) from e
+                except Exception as e:
+                    raise GraphCompileError(f"lowering {a[0].op} failed: {type(e).__name__}: {e}") from e
+            elif kind == COMPOSITE_OUT:
+                pattern, k, host = a
+                outs = done.get(id(pattern))
+                if outs is None:
+                    args = [vals[p][i] if h is None else h for (p, i), h in zip(ops, host)]
+                    n_in = len(pattern.in_marks)
+                    outs = done[id(pattern)] = pattern.lower(args[:n_in], args[n_in:], lower_node)
+                vals[pos] = (outs[k],)
+            elif kind == REGION_OUT:
+                # per-device code (inside shard_map): its checks cannot leave the region
+                saved, lowering_ctx.checks = lowering_ctx.checks, None
+                try:
+                    vals[pos] = (a.lower([vals[p][i] for p, i in ops], lower_node),)
+                finally:
+                    lowering_ctx.checks = saved
+            # IN_REGION: its region's lowering computes it
         return vals
     return fn

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Dict, Optional
 
-from .. import ir, runtime, sharding
+from .. import ir, pjrt, partitioning
 from .graph import Graph
 
 ENTRIES = ("xla::full_to_shard", "xla::manual")
@@ -63,7 +63,7 @@ class Region:
                     self.in_specs.append(P())
         self.inside = sorted(inside, key=lambda n: index[id(n)])
         out_sh = exit.args[1]
-        if hasattr(out_sh, "mesh") and not sharding.is_replicated(out_sh):
+        if hasattr(out_sh, "mesh") and not partitioning.is_replicated(out_sh):
             meshes.insert(0, out_sh.mesh)
             self.out_spec = out_sh.spec
         else:
@@ -71,12 +71,12 @@ class Region:
         if meshes and any(m != meshes[0] for m in meshes):
             raise ManualRegionError("a manual sharding region mixes meshes; use one mesh from "
                                     "enable_manual_sharding to disable_manual_sharding")
-        self.mesh = meshes[0] if meshes else sharding.jax_mesh(
-            range(len(sharding.global_devices())), (len(sharding.global_devices()),), ("_devices",))
+        self.mesh = meshes[0] if meshes else partitioning.jax_mesh(
+            range(len(partitioning.global_devices())), (len(partitioning.global_devices()),), ("_devices",))
 
     def lower(self, values: list, lower_node):
         """The exit's global value from the region's global input values."""
-        jax = runtime.jax_module()
+        jax = pjrt.jax_module()
         entry_arg, outside_arg, inside, (src, si) = self.entry_arg, self.outside_arg, self.inside, self.src
 
         def body(*xs):

@@ -24,15 +24,35 @@ from typing import Optional
 
 import numpy as np
 
-from .. import config, ir, metrics, runtime
+from .. import env_vars, ir, telemetry, pjrt
 from ..lowering.table import matmul_precision
 
-_state = {"dir": None, "readonly": False, "env": None, "listening": False, "jax_hits": 0}
+
+class _Cache:
+    """`dir` (None: no cache), `readonly` and `listening` (jax's cache events reach
+    `_on_jax_event`): written by `initialize`, in the thread that started jax
+    (XLA_PERSISTENT_CACHE_PATH) or that calls `xr.initialize_cache`, without a lock, before
+    the programs it serves compile. `env`: the hash of everything outside a graph that
+    decides its program, computed by the first compile that asks (a race computes it
+    twice). `jax_hits`: counted by jax's listener on the thread that compiles. Read by the
+    compiling threads (the barrier's, under `barrier._lock`, or a captured program's)."""
+    __slots__ = ("dir", "readonly", "listening", "env", "jax_hits")
+
+    def __init__(self):
+        self.dir: Optional[str] = None
+        self.readonly = False
+        self.listening = False
+        self.env: Optional[str] = None
+        self.jax_hits = 0
 
 
-def configure(path: str, readonly: bool = False) -> None:
-    _state["dir"] = path
-    _state["readonly"] = readonly
+_cache = _Cache()
+
+
+def configure(path: Optional[str], readonly: bool = False) -> None:
+    """Entries are read from (and, unless `readonly`, written to) `path`; None: no cache."""
+    _cache.dir = path
+    _cache.readonly = readonly
 
 
 def initialize(jax, path: str, readonly: bool = False) -> None:
@@ -41,23 +61,23 @@ def initialize(jax, path: str, readonly: bool = False) -> None:
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    if not _state["listening"]:
+    if not _cache.listening:
         from jax._src import monitoring
         monitoring.register_event_listener(_on_jax_event)
-        _state["listening"] = True
+        _cache.listening = True
     configure(path, readonly)
 
 
 def _on_jax_event(event: str, **kwargs) -> None:
     if event == "/jax/compilation_cache/cache_hits":
-        _state["jax_hits"] += 1
+        _cache.jax_hits += 1
 
 
 def jax_cache_hits() -> int:
     """Programs jax's own cache has served so far. An executable it loaded cannot be
     stored again (XLA:CPU serializes it without its code), so `compile_graph` compiles
     one afresh to store when this moves during its compile."""
-    return _state["jax_hits"]
+    return _cache.jax_hits
 
 
 # A compiler option set to its default value: it only makes jax's cache key differ, so
@@ -66,7 +86,7 @@ FRESH_OPTION = {"xla_backend_optimization_level": 3}
 
 
 def enabled() -> bool:
-    return _state["dir"] is not None
+    return _cache.dir is not None
 
 
 class _Uncacheable(Exception):
@@ -92,8 +112,8 @@ def _enc(x, out: list) -> None:
 
 
 def _env() -> str:
-    if _state["env"] is None:
-        jax = runtime.jax_module()
+    if _cache.env is None:
+        jax = pjrt.jax_module()
         import jaxlib
         h = hashlib.sha256()
         engine = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -103,10 +123,10 @@ def _env() -> str:
                     with open(os.path.join(root, f), "rb") as fh:
                         h.update(f.encode() + fh.read())
         for v in ("XLA_FLAGS", "XLA_USE_BF16", "XLA_DOWNCAST_BF16", "XLA_NO_SPECIAL_SCALARS", "XLA_CHECK_INDICES"):
-            h.update(f"{v}={config.raw(v) or ''}".encode())
-        h.update(f"{jax.__version__}/{jaxlib.__version__}/{runtime.platform()}".encode())
-        _state["env"] = h.hexdigest()
-    return _state["env"]
+            h.update(f"{v}={env_vars.raw(v) or ''}".encode())
+        h.update(f"{jax.__version__}/{jaxlib.__version__}/{pjrt.platform()}".encode())
+        _cache.env = h.hexdigest()
+    return _cache.env
 
 
 def key(graph, donate: tuple) -> Optional[str]:
@@ -129,7 +149,7 @@ def key(graph, donate: tuple) -> Optional[str]:
 
 
 def _path(k: str) -> str:
-    return os.path.join(_state["dir"], f"txj-{k}.exe")
+    return os.path.join(_cache.dir, f"txj-{k}.exe")
 
 
 _MAGIC = b"torch-xla-jax executable 2\n"
@@ -146,7 +166,7 @@ class _Stored:
         self.in_avals = in_avals
 
     def __call__(self, *args):
-        jax = runtime.jax_module()
+        jax = pjrt.jax_module()
         put = []
         for a, (shape, dtype) in zip(args, self.in_avals):
             if not isinstance(a, jax.Array) or a.devices() != {self.device}:
@@ -162,13 +182,13 @@ def load(k: str):
     """(program, host side of its index checks) stored for key `k`, or None."""
     p = _path(k)
     if not os.path.exists(p):
-        metrics.inc("PersistentCacheMiss")
+        telemetry.inc("PersistentCacheMiss")
         return None
     try:
         with open(p, "rb") as f:
             blob = f.read()
         if not blob.startswith(_MAGIC):
-            metrics.inc("PersistentCacheMiss")
+            telemetry.inc("PersistentCacheMiss")
             return None
         at = len(_MAGIC)
         (n,) = struct.unpack_from("<Q", blob, at)
@@ -176,28 +196,28 @@ def load(k: str):
         payload = blob[at + 8 + n:]
         if hashlib.sha256(payload).hexdigest() != meta.get("sha256"):
             # Truncated or corrupt: never hand it to XLA; the compile that follows replaces it.
-            metrics.inc("PersistentCacheMiss")
+            telemetry.inc("PersistentCacheMiss")
             return None
-        jax = runtime.jax_module()
+        jax = pjrt.jax_module()
         from jax._src.lib import xla_client as xc
         device = {d.id: d for d in jax.local_devices()}[meta["device"]]
         exe = device.client.deserialize_executable(payload, executable_devices=xc.DeviceList((device,)))
-        in_avals = [(tuple(s), runtime.jax_module().numpy.dtype(d)) for s, d in meta["in"]]
+        in_avals = [(tuple(s), pjrt.jax_module().numpy.dtype(d)) for s, d in meta["in"]]
         checks = None if meta["checks"] is None else [(_EXCEPTIONS[e], m, op, src) for e, m, op, src in meta["checks"]]
     except Exception:  # noqa: BLE001  (unreadable: a miss)
-        metrics.inc("PersistentCacheMiss")
+        telemetry.inc("PersistentCacheMiss")
         return None
-    metrics.inc("PersistentExecutableHit")
-    metrics.inc("PersistentCacheHit")
+    telemetry.inc("PersistentExecutableHit")
+    telemetry.inc("PersistentCacheHit")
     return _Stored(exe, device, in_avals), checks
 
 
 def store(k: str, compiled, args, checks) -> None:
-    if _state["readonly"]:
+    if _cache.readonly:
         return
     tmp = None
     try:
-        jax = runtime.jax_module()
+        jax = pjrt.jax_module()
         if compiled.in_tree != jax.tree_util.tree_structure((tuple(args), {})):
             return
         exe = compiled.runtime_executable()
@@ -212,7 +232,7 @@ def store(k: str, compiled, args, checks) -> None:
         meta["sha256"] = hashlib.sha256(payload).hexdigest()
         head = json.dumps(meta).encode()
         data = _MAGIC + struct.pack("<Q", len(head)) + head + payload
-        fd, tmp = tempfile.mkstemp(dir=_state["dir"], prefix=".txj-")
+        fd, tmp = tempfile.mkstemp(dir=_cache.dir, prefix=".txj-")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, _path(k))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import ir, job, mode, runtime, sharding
+from .. import ir, job, mode, pjrt, partitioning
 from ..lowering import ctx as lowering_ctx
 from .graph import Graph
 
@@ -57,7 +57,7 @@ class Replicated(Strategy):
     def wrap(self, fn, graph: Graph):
         """Each global parameter is every replica's local buffer concatenated on dim 0 (0-d
         values as shape (1,)), so inside the program each replica sees its own values."""
-        jax = runtime.jax_module()
+        jax = pjrt.jax_module()
         from jax.sharding import PartitionSpec as P
         mesh = job.replica_mesh(jax)
         world = mesh.devices.size
@@ -81,12 +81,12 @@ class Replicated(Strategy):
 
     def to_args(self, args, graph: Graph):
         """Local buffers -> global arrays sharded over the replica mesh."""
-        jax = runtime.jax_module()
+        jax = pjrt.jax_module()
         from jax.sharding import NamedSharding, PartitionSpec as P
         mesh = job.replica_mesh(jax)
         world = mesh.devices.size
         sharding = NamedSharding(mesh, P("r"))
-        dev = runtime.default_device()
+        dev = pjrt.default_device()
         out = []
         for a, p in zip(args, graph.params):
             if len(p.avals[0][0]) == 0:
@@ -117,10 +117,10 @@ class Spmd(Local):
         # placed before SPMD mode (on one device) joins the mesh, replicated.
         out = []
         for a, p in zip(args, graph.params):
-            if type(a) is runtime.HostArray:
+            if type(a) is pjrt.HostArray:
                 a = p.array = a.place()
             elif _on_device(a):
-                a = sharding.on_mesh(a)
+                a = partitioning.on_mesh(a)
             out.append(a)
         return out
 
@@ -129,7 +129,7 @@ class Spmd(Local):
         its outputs are then replicated over all devices, or laid out as constrained."""
         if any(_on_device(a) for a in args):
             return {}
-        rep = sharding.replicated_sharding()
+        rep = partitioning.replicated_sharding()
         outs = []
         for n, _ in graph.roots:
             outs.append(n.args[1] if type(n) is ir.Node and n.op == "xla::sharding_constraint" else rep)
@@ -142,14 +142,14 @@ class Spmd(Local):
         layout does not fit that mesh, compile again with mesh-free input shardings."""
         if type(error).__name__ != "IndivisibleError":
             return None
-        ins = tuple(sharding.gspmd(a.sharding, ndim=a.ndim) if _on_device(a) else sharding.replicated_sharding()
+        ins = tuple(partitioning.gspmd(a.sharding, ndim=a.ndim) if _on_device(a) else partitioning.replicated_sharding()
                     for a in args)
         return {"in_shardings": ins, **self.jit_options(graph, args)}
 
 
 def _on_device(a) -> bool:
     """Whether a program argument is device data (not a host scalar or host array)."""
-    return not isinstance(a, (np.ndarray, np.generic, runtime.HostArray, int, float, bool))
+    return not isinstance(a, (np.ndarray, np.generic, pjrt.HostArray, int, float, bool))
 
 
 LOCAL = Local()

@@ -17,7 +17,7 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 
-from .. import ir, runtime
+from .. import ir, pjrt
 from .graph import Graph
 from .lower import lower_node
 
@@ -124,7 +124,7 @@ class SymbolicGraph:
                 t = type(n)
                 if t is ir.DeviceData or t is ir.ScalarParam:
                     s = g.slot[id(n)]
-                    dt = runtime.device_dtype(n.avals[0][1])
+                    dt = pjrt.device_dtype(n.avals[0][1])
                     if s in scalars:
                         vals[id(n)] = (jnp.asarray(scalars[s]).astype(dt),)
                     elif s in constants:
@@ -132,7 +132,7 @@ class SymbolicGraph:
                     else:
                         vals[id(n)] = (params[s],)
                 elif t is ir.Constant:
-                    vals[id(n)] = (jnp.asarray(np.asarray(n.value, dtype=runtime.device_dtype(n.avals[0][1]))),)
+                    vals[id(n)] = (jnp.asarray(np.asarray(n.value, dtype=pjrt.device_dtype(n.avals[0][1]))),)
                 else:
                     if n.op in ("xla::mark_tensor", "xla::full_to_shard", "xla::manual", "xla::shard_to_full"):
                         raise DynamicShapeError(f"{n.op} is not supported with dynamic dimensions")

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-from .. import metrics
+from .. import patches, telemetry
 
 
 class Pending:
@@ -46,7 +46,7 @@ class Pending:
             self.error = e
         finally:
             self.build = None
-            metrics.add_sample("BackgroundCompileTime", int((time.perf_counter() - t0) * 1e9))
+            telemetry.add_sample("BackgroundCompileTime", int((time.perf_counter() - t0) * 1e9))
             self.done.set()
 
     def wait(self):
@@ -61,7 +61,20 @@ class Pending:
 
 _queue: "queue.Queue[Optional[Pending]]" = queue.Queue()
 _lock = threading.Lock()
-_state = {"thread": None, "closing": False}
+
+
+class _Background:
+    """The background compiler: `thread`, started once (patch `tiered_compile_thread`) at
+    the first `submit`, which tests it without the lock; `closing`, set at exit. Written
+    under `_lock`; the worker reads `closing` under it."""
+    __slots__ = ("thread", "closing")
+
+    def __init__(self):
+        self.thread: Optional[threading.Thread] = None
+        self.closing = False
+
+
+_background = _Background()
 
 
 def _claim(p: Pending) -> bool:
@@ -79,7 +92,7 @@ def _worker() -> None:
         if p is None:
             return
         with _lock:
-            closing = _state["closing"]
+            closing = _background.closing
         if not _claim(p):
             continue
         if closing:
@@ -93,22 +106,27 @@ def _worker() -> None:
 def submit(build: Callable) -> Pending:
     """Queues `build()` (the optimized compile) on the background compiler thread."""
     p = Pending(build)
-    with _lock:
-        if _state["thread"] is None:
-            t = threading.Thread(target=_worker, name="torch_xla-tiered-compile", daemon=True)
-            _state["thread"] = t
-            t.start()
-            atexit.register(_shutdown)
+    if _background.thread is None:
+        patches.install("tiered_compile_thread")
     _queue.put(p)
     return p
+
+
+def start_worker() -> None:
+    """Patch `tiered_compile_thread`: the background compiler and its exit hook."""
+    with _lock:
+        t = threading.Thread(target=_worker, name="torch_xla-tiered-compile", daemon=True)
+        _background.thread = t
+        t.start()
+        atexit.register(_shutdown)
 
 
 def _shutdown() -> None:
     # Queued compiles are dropped; one in flight is waited for, so XLA is not torn down
     # under it.
     with _lock:
-        _state["closing"] = True
-        t = _state["thread"]
+        _background.closing = True
+        t = _background.thread
     if t is not None:
         _queue.put(None)
         t.join()

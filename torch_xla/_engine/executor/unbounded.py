@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import ir, runtime
+from .. import ir, pjrt
 from ..lowering import dynamic
 from .graph import Graph
 from .lower import GraphCompileError, lower_node
@@ -29,7 +29,7 @@ def _elementwise(node) -> bool:
 
 def lowered(graph: Graph):
     """The jax `Lowered` program of `graph` with the marked sizes symbolic."""
-    jax = runtime.jax_module()
+    jax = pjrt.jax_module()
     import jax.numpy as jnp
     from jax import export
     marks = [(s, d) for s, p in enumerate(graph.params) if type(p) is ir.DeviceData
@@ -38,7 +38,7 @@ def lowered(graph: Graph):
     shapes = [list(p.avals[0][0]) for p in graph.params]
     for (s, d), sym in zip(marks, symbols):
         shapes[s][d] = sym
-    avals = [jax.ShapeDtypeStruct(tuple(sh), runtime.device_dtype(p.avals[0][1]))
+    avals = [jax.ShapeDtypeStruct(tuple(sh), pjrt.device_dtype(p.avals[0][1]))
              for sh, p in zip(shapes, graph.params)]
 
     def fn(*params):
@@ -49,7 +49,7 @@ def lowered(graph: Graph):
                 vals[id(n)] = (params[graph.slot[id(n)]],)
                 continue
             if t is ir.Constant:
-                vals[id(n)] = (jnp.asarray(np.asarray(n.value, dtype=runtime.device_dtype(n.avals[0][1]))),)
+                vals[id(n)] = (jnp.asarray(np.asarray(n.value, dtype=pjrt.device_dtype(n.avals[0][1]))),)
                 continue
             ops = [vals[id(o)][i] for o, i in n.operands]
             arrays = [v for v in ops if hasattr(v, "shape")]

@@ -10,12 +10,12 @@
   fallback for every other op (`fallback`);
 - AutogradPrivateUse1: the derivative of `_fft_r2c` (`handwritten`);
 - AutocastPrivateUse1: `torch.autocast("xla")`'s op policy (`autocast`), a fallthrough
-  for every other op; the GradScaler ops are PrivateUse1 kernels (`amp`);
-- QuantizedPrivateUse1: `empty_quantized`, refused by dtype;
-- Functionalize: `copy_` and `_to_copy` (`functionalize`, patch registry entries
-  `functionalize_copy`, `functionalize_to_copy`);
-- Meta: lean checks of in-place elementwise ops under functionalization (`meta`, entry
-  `lean_inplace_meta`).
+  for every other op; the GradScaler ops are PrivateUse1 kernels (`grad_scaling`);
+- QuantizedPrivateUse1: `empty_quantized`, refused by dtype.
+
+The Functionalize kernels of `copy_` and `_to_copy` (`functionalize`) and the lean Meta
+checks of in-place elementwise ops (`meta`) are patch registry entries of their own
+(`functionalize_copy`, `functionalize_to_copy`, `lean_inplace_meta`), installed after this.
 """
 from __future__ import annotations
 
@@ -25,10 +25,10 @@ from typing import List, Sequence, Tuple
 
 import torch
 
-from .. import config, executor, ir, metrics, mode, patches
+from .. import env_vars, executor, ir, telemetry, mode
 from ..lowering import LOWERINGS, load_all
 from ..tensor import make_tensor, state_of, wrap_user
-from . import (amp, autocast, compiled_ops, decompositions, functionalize, handwritten as hw, library, meta, mutating,
+from . import (grad_scaling, autocast, compiled_ops, decompositions, handwritten as hw, library, mutating,
                storage, values)
 from .fallback import cpu_fallback, fallback_kernel
 from .op_kernel import KERNELS, OpKernel, freeze
@@ -58,7 +58,6 @@ HANDWRITTEN = {
     "native_batch_norm": hw.k_native_batch_norm,
     "_native_batch_norm_legit": hw.k_native_batch_norm_legit,
 }
-_registered = [False]
 
 
 def _timed(fn):
@@ -71,15 +70,12 @@ def _timed(fn):
         try:
             return fn(*args, **kwargs)
         finally:
-            metrics.add_sample("LazyTracing", now() - t0)
+            telemetry.add_sample("LazyTracing", now() - t0)
     return kernel
 
 
 def register() -> None:
-    """Installs every kernel of the xla device (idempotent)."""
-    if _registered[0]:
-        return
-    _registered[0] = True
+    """Installs every kernel of the xla device (patch `xla_kernels`; once, by the registry)."""
     load_all()
     for name, low in LOWERINGS.items():
         op = mutating.overload(name)
@@ -105,25 +101,18 @@ def register() -> None:
         library.impl(name, _timed(fn), "PrivateUse1")
     for name, fn in hw.foreach_scalarlist_kernels().items():
         library.impl(name, fn, "PrivateUse1")
-    for name, fn in amp.KERNELS.items():
+    for name, fn in grad_scaling.KERNELS.items():
         library.impl(name, fn, "PrivateUse1")
     for name, fn in autocast.kernels().items():
         library.impl(name, fn, "AutocastPrivateUse1")
     library.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
     library.fallback(fallback_kernel, "PrivateUse1")
     compiled_ops.register(library, engine_op)
-    if config.get("XLA_HLO_DEBUG"):
+    if env_vars.get("XLA_HLO_DEBUG"):
         ir.record_sources()
     library.impl("_fft_r2c", hw.k_fft_r2c_autograd, "AutogradPrivateUse1")
     # Quantized CPU tensors reach the device through empty_quantized: refuse by dtype.
     library.impl("empty_quantized", hw.k_empty_quantized, "QuantizedPrivateUse1")
-    if patches.enabled("functionalize_copy") and functionalize.schema_matches():
-        library.override("copy_", functionalize.functionalize_copy_, "Functionalize")
-    if patches.enabled("functionalize_to_copy") and functionalize.to_copy_schema_matches():
-        library.override("_to_copy", functionalize.functionalize_to_copy, "Functionalize")
-    if patches.enabled("lean_inplace_meta"):
-        for name, fn in meta.kernels().items():
-            library.override(name, fn, "Meta")
 
 
 def engine_op(name: str, inputs: Sequence[torch.Tensor], statics: tuple,

@@ -9,12 +9,24 @@ from __future__ import annotations
 import torch
 
 ALL_REDUCE = "all_reduce(Tensor input, str reduce_type, float scale, int[][] groups) -> Tensor"
-_engine_op = [None]   # kernels.engine_op, given by register()
+
+
+class _Engine:
+    """`op`: `kernels.engine_op`, handed over by `register` (the package imports this
+    module, not the reverse). Set once, at the import of torch_xla (under Python's import
+    lock); read by any thread that runs a compiled graph's op."""
+    __slots__ = ("op",)
+
+    def __init__(self):
+        self.op = None
+
+
+_engine = _Engine()
 
 
 def _all_reduce_xla(input, reduce_type, scale, groups):
     g = tuple(tuple(int(r) for r in grp) for grp in groups) or None
-    (out,) = _engine_op[0]("xla::all_reduce", [input], (reduce_type, float(scale), g), [(tuple(input.shape), input.dtype)])
+    (out,) = _engine.op("xla::all_reduce", [input], (reduce_type, float(scale), g), [(tuple(input.shape), input.dtype)])
     return out
 
 
@@ -23,7 +35,7 @@ def _all_reduce_fake(input, reduce_type, scale, groups):
 
 
 def register(library, engine_op) -> None:
-    _engine_op[0] = engine_op
+    _engine.op = engine_op
     library.define("xla", ALL_REDUCE)
     library.impl_ns("xla", "all_reduce", _all_reduce_xla, "PrivateUse1")
     library.impl_ns("xla", "all_reduce", _all_reduce_fake, "Meta")
@@ -56,7 +68,7 @@ def _dot_general_xla(lhs, rhs, lhs_contracting, rhs_contracting):
     dtype = torch.result_type(lhs, rhs)
     lhs, rhs = lhs.to(dtype), rhs.to(dtype)
     dn = ((tuple(lc), tuple(rc)), ((), ()))
-    (out,) = _engine_op[0]("xla::dot_general", [lhs, rhs], (dn, None), [(shape, dtype)])
+    (out,) = _engine.op("xla::dot_general", [lhs, rhs], (dn, None), [(shape, dtype)])
     return out
 
 
@@ -72,9 +84,9 @@ MARK_SHARDING = "mark_sharding(Tensor input, str layout) -> Tensor"
 
 
 def _mark_sharding_xla(input, layout):
-    from .. import sharding
-    sh = sharding.from_layout_key(layout)
-    (out,) = _engine_op[0]("xla::sharding_constraint", [input], (sh,), [(tuple(input.shape), input.dtype)])
+    from .. import partitioning
+    sh = partitioning.from_layout_key(layout)
+    (out,) = _engine.op("xla::sharding_constraint", [input], (sh,), [(tuple(input.shape), input.dtype)])
     return out
 
 
@@ -120,7 +132,7 @@ def _freeze_attr(attr):
 
 def _mark_tensor_xla(x, name, pos, id, is_input, attr=None):
     check_composite_attr(attr)
-    (out,) = _engine_op[0]("xla::mark_tensor", [x], (name, int(pos), id, bool(is_input), _freeze_attr(attr)),
+    (out,) = _engine.op("xla::mark_tensor", [x], (name, int(pos), id, bool(is_input), _freeze_attr(attr)),
                            [(tuple(x.shape), x.dtype)])
     return out
 

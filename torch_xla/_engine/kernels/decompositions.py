@@ -13,7 +13,7 @@ from typing import Callable, Dict
 
 import torch
 
-from .. import metrics
+from .. import telemetry
 
 # aten overloads (packet.overload) whose decompositions use only lowered ops.
 DECOMPOSED = (
@@ -71,7 +71,7 @@ class DecompKernel:
         self.counter = "decomposed::" + name.split(".")[0]
 
     def __call__(self, *args, **kwargs):
-        metrics.inc(self.counter)
+        telemetry.inc(self.counter)
         return self.fn(*args, **kwargs)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import metrics
+from .. import telemetry
 from ..tensor import unwrap
 from . import messages
 from .values import from_cpu, set_data, to_cpu
@@ -49,7 +49,7 @@ def cpu_fallback(op, args, kwargs):
     namespace, _, name = op._schema.name.rpartition("::")
     if name not in _CPU_OPERANDS_OK:
         check_devices(name, args, kwargs)
-    metrics.inc(f"{namespace or 'aten'}::{name}")
+    telemetry.inc(f"{namespace or 'aten'}::{name}")
     xla_args = []
 
     def conv(a):

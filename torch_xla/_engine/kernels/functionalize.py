@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import torch
 
+from .. import patches
 from ..tensor import make_tensor
+from . import library
 
 _FUNCTIONALIZE_SET = torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)
 SCHEMA = "aten::copy_(Tensor(a!) self, Tensor src, bool non_blocking=False) -> Tensor(a!)"
@@ -78,9 +80,21 @@ TO_COPY_SCHEMA = ("aten::_to_copy(Tensor self, *, ScalarType? dtype=None, Layout
                   "bool? pin_memory=None, bool non_blocking=False, MemoryFormat? memory_format=None) -> Tensor")
 
 
-def schema_matches() -> bool:
-    return str(torch.ops.aten.copy_.default._schema) == SCHEMA
+def _override(name: str, schema: str, kernel) -> bool:
+    """Registers `kernel` as the Functionalize kernel of `aten::name` when the op has the
+    schema it implements (another PyTorch's op is left alone, with a warning)."""
+    got = str(getattr(torch.ops.aten, name).default._schema)
+    if got != schema:
+        return patches.refuse(f"the Functionalize kernel of aten::{name}", f"its schema is {got}")
+    library.override(name, kernel, "Functionalize")
+    return True
 
 
-def to_copy_schema_matches() -> bool:
-    return str(torch.ops.aten._to_copy.default._schema) == TO_COPY_SCHEMA
+def install_copy() -> bool:
+    """Patch `functionalize_copy`."""
+    return _override("copy_", SCHEMA, functionalize_copy_)
+
+
+def install_to_copy() -> bool:
+    """Patch `functionalize_to_copy`."""
+    return _override("_to_copy", TO_COPY_SCHEMA, functionalize_to_copy)

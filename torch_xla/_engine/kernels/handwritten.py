@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import metrics, runtime
+from .. import telemetry, pjrt
 from ..tensor import is_functional, make_tensor, point_at, replace_state, state_of, unwrap, wrap_user
 from .fallback import check_devices
 from .op_kernel import KERNELS, copy, to_copy
@@ -13,7 +13,7 @@ from .values import check_device, const_tensor, from_cpu, to_cpu
 
 
 def _check_dtype(dtype):
-    if not runtime.is_supported_dtype(dtype):
+    if not pjrt.is_supported_dtype(dtype):
         raise TypeError(f"dtype {dtype} is not supported on the xla device")
 
 
@@ -103,7 +103,7 @@ def k_copy(self, src, non_blocking=False):
 
 
 def k_local_scalar_dense(x):
-    metrics.inc("aten::_local_scalar_dense")
+    telemetry.inc("aten::_local_scalar_dense")
     return to_cpu(x).item()
 
 
@@ -153,7 +153,7 @@ def k_set_source(self, source):
 # (which returns the new statistics) and writes them into the (inner) stats tensors, the
 # way `copy_` does. It is registered with the other hand-written kernels, and counts as
 # `xla::native_batch_norm` (the op the user's batch norm reaches, whichever entry).
-_BN_COUNT = metrics.cell("xla::native_batch_norm")
+_BN_COUNT = telemetry.cell("xla::native_batch_norm")
 
 
 def k_native_batch_norm(x, w, b, rm, rv, training, momentum, eps):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
-from .. import patches, runtime
+from .. import pjrt
 from ..tensor import state_of
 from . import messages
 from .plan import OPT_SCALAR, OPT_TENSOR, OPT_TENSOR_LIST, SCALAR, TENSOR, TENSOR_LIST
@@ -72,7 +72,6 @@ def to_meta(t: torch.Tensor):
 
 def infer(k, args) -> ShapeEntry:
     """The ShapeEntry of kernel `k` called with `args` (full, in schema order)."""
-    patches.lazy_dynamo_disable()
     margs = []
     promo = []
     for i, kind in enumerate(k.kinds):
@@ -138,7 +137,7 @@ def infer(k, args) -> ShapeEntry:
         if o is None:
             avals.append(None)
         else:
-            if not runtime.is_supported_dtype(o.dtype):
+            if not pjrt.is_supported_dtype(o.dtype):
                 raise TypeError(f"dtype {o.dtype} is not supported on the xla device")
             avals.append((tuple(o.shape), o.dtype))
     common = None

@@ -1,31 +1,36 @@
 """Specialised kernels: straight-line Python generated per overload from its argument plan.
 
-The generic kernel (`op_kernel.OpKernel.__call__`) loops over the plan's argument kinds
-on every call. On an op's first call, `specialise` generates code for the common case
-of that overload (every tensor argument an inner XLA tensor, the last one possibly a
-wrapped number; every Scalar a Python int or float; a cached shape entry), building the
-same cache key and the same node as the generic kernel, and registers it in place of
-the stub. Anything else (first call of a shape, CPU scalars, fallbacks, eager mode)
-goes to the generic kernel. Its first layer (`_common_case`) is the overload's commonest
-call, with fixed-length tuples and the node and output tensor made inline. This is where
-the per-op tracing cost is decided; a test checks that both kernels build equal nodes and
-that the fast path is taken.
+The generic kernel (`op_kernel.OpKernel.trace`) runs the plan's steps one by one on every
+call. On an op's first call, `specialise` generates straight-line code for that overload
+from the same steps (`plan.Step.general`, `plan.Step.common`), building the same cache
+key and node, and registers it in place of the stub. It has two layers, each handing
+what it does not handle to the next:
+- `fast`, the common case (`_common_case`): the overload's commonest call (XLA tensors,
+  the last one possibly a Python number; Scalars at a 0/1/None default; no optional
+  tensor), with fixed-length tuples and the node and output tensor made inline;
+- `general`: any inner XLA tensors and Python numbers, a cached shape entry;
+- then the generic kernel: the first call of a shape, CPU scalars, fallbacks, eager mode.
+This is where the per-op tracing cost is decided; a test checks that both kernels build
+equal nodes and that the fast path is taken. `PT_XLA_PRINT_KERNELS` prints the source of
+each kernel generated.
 """
 from __future__ import annotations
 
 import keyword
 import math
+import sys
 import threading
 import weakref
+from typing import List, Optional, Tuple
 
 import torch
 
-from .. import ir, tensor
+from .. import env_vars, ir, tensor
 from ..mode import EAGER
 from ..tensor import make_tensor
 from . import library
-from .op_kernel import NO_SPECIAL_SCALARS, REFS, OpKernel, freeze
-from .plan import OPT_TENSOR, OPT_TENSOR_LIST, STATIC, TENSOR, TENSOR_LIST
+from .op_kernel import OpKernel
+from .plan import (NO_SPECIAL_SCALARS, OPT_TENSOR, REFS, TENSOR, ArgPlan, Source, freeze)
 
 
 class LazyFast:
@@ -57,119 +62,104 @@ def entry_point(k: OpKernel, short: str):
 
 def specialisable(k: OpKernel) -> bool:
     low = k.low
-    if low.alias or low.random or k.is_factory or any(x in (TENSOR_LIST, OPT_TENSOR_LIST) for x in k.kinds):
+    if low.alias or low.random or k.is_factory or not all(s.specialisable for s in k.plan.steps):
         return False
     if any(keyword.iskeyword(n) or n.startswith("_") for n in k.plan.names):
         return False
     tensor_kinds = [x for x in k.kinds if x in (TENSOR, OPT_TENSOR)]
-    # operands must keep the generic kernel's (argument) order
+    # The tensors read first must be the first operands, as in the generic kernel.
     return not (OPT_TENSOR in tensor_kinds and TENSOR in tensor_kinds[tensor_kinds.index(OPT_TENSOR):])
 
 
 def specialise(k: OpKernel):
-    """Generates a straight-line kernel for the common case of one overload: every tensor
-    argument an inner XLA tensor (the last one may be a wrapped number), every Scalar a Python int/float, a cached shape entry
-    with one output. It builds the same cache key and node as the generic
-    `OpKernel.__call__`, which it calls for anything else (first call of a shape, other
-    CPU scalars, fallbacks, eager mode), without the per-argument kind dispatch."""
-    low = k.low
-    create = tensor.creation_function()
-    ns = {"generic": k.__call__, "outputs": k._outputs, "cache": k.cache, "one": k.one,
-          "make_tensor": make_tensor, "Tensor": torch.Tensor, "REFS": REFS, "EAGER": EAGER, "freeze": freeze,
-          "NOSPECIAL": NO_SPECIAL_SCALARS, "NAME": k.name, "LOW": low, "PROMOTE": low.promote,
-          "COUNT": k.op_count, "copysign": math.copysign, "make_node": ir.make_node,
-          "scalar_param": ir.scalar_param, "NEW": object.__new__, "Node": ir.Node, "RECORDING": ir.RECORDING,
-          "record_source": ir.record_source, "CHECK_SOURCES": ir.CHECK_SOURCES, "user_line": ir.user_line,
-          "CREATED": tensor.CREATED, "EMPTY": create, "TensorState": tensor.TensorState,
-          "RECORD": getattr(create, "record", None), "IMPORT": tensor._from_dlpack,
-          "CAPSULE": tensor._capsule_new, "DLTENSOR": tensor._DLTENSOR,
-          "PENDING": tensor.pending.refs, "WEAK": weakref.ref}
-    params, call, tensors, lines, key, argv, scalars = [], [], [], [], ["NAME"], [], []
-    kw_only = False
-    tpos = [i for i, x in enumerate(k.kinds) if x in (TENSOR, OPT_TENSOR)]
-    last_t = tpos[-1] if tpos and k.kinds[tpos[-1]] == TENSOR else -1
-    plan = k.plan
-    names = plan.names
-    for i, kind in enumerate(plan.kinds):
-        v = names[i]
-        if plan.kwarg_only[i] and not kw_only:
-            params.append("*")
-            kw_only = True
-        if plan.has_default[i]:
-            ns[f"_d{i}"] = plan.defaults[i]
-            params.append(f"{v}=_d{i}")
-        else:
-            params.append(v)
-        call.append(f"{v}={v}" if plan.kwarg_only[i] else v)
-        if kind == TENSOR and i == last_t:
-            # The last tensor argument may be a wrapped number (`x * 0.5` reaches the
-            # backend as a Python float): a Scalar, as in the generic kernel.
-            lines += [f"_s{i} = getattr({v}, '_xla', None)", f"if _s{i} is not None:",
-                      f"    _k{i} = (_s{i}.shape, _s{i}.dtype); _p{i} = False; _w{i} = REFS[len(_ops)]",
-                      f"    _n = _s{i}.node; _ops.append((_n, _s{i}.idx)); _hx.append(_n.hash); _hx.append(_s{i}.idx)",
-                      "else:", f"    _t{i} = type({v})",
-                      f"    if _t{i} is not float and _t{i} is not int:", "        return generic(CALL)",
-                      f"    if not NOSPECIAL and ({v} == 1 or {v} == 0 and copysign(1.0, {v}) > 0):",
-                      f"        _k{i} = ((_t{i}, {v}),); _p{i} = False; _w{i} = {v}",
-                      "    else:", f"        _k{i} = (_t{i},); _p{i} = True; _w{i} = None"]
-            key.append(f"*_k{i}")
-            argv.append(f"_w{i}")
-            scalars.append((i, v))
-        elif kind == TENSOR:
-            tensors.append(i)
-            key += [f"_s{i}.shape", f"_s{i}.dtype"]
-            argv.append(f"REFS[{len(tensors) - 1}]")
-        elif kind == OPT_TENSOR:
-            lines += [f"if {v} is None:", f"    _k{i} = (None,); _r{i} = None", "else:",
-                      f"    _s{i} = getattr({v}, '_xla', None)", f"    if _s{i} is None:", "        return generic(CALL)",
-                      f"    _k{i} = (_s{i}.shape, _s{i}.dtype)",
-                      f"    _r{i} = REFS[len(_ops)]; _n = _s{i}.node; _ops.append((_n, _s{i}.idx))",
-                      f"    _hx.append(_n.hash); _hx.append(_s{i}.idx)"]
-            key.append(f"*_k{i}")
-            argv.append(f"_r{i}")
-        elif kind == STATIC:
-            lines.append(f"_x{i} = freeze({v}) if type({v}) is list else {v}")
-            key += [f"type(_x{i})", f"_x{i}"]
-            argv.append(f"_x{i}")
-        else:  # S / OPT_SCALAR: 0 and 1 are constants (unless NOSPECIAL), other numbers parameters
-            scalars.append((i, v))
-            lines += [f"_t{i} = type({v})", f"if {v} is None:", f"    _k{i} = None; _p{i} = False",
-                      f"elif _t{i} is not int and _t{i} is not float:", "    return generic(CALL)",
-                      f"elif not NOSPECIAL and ({v} == 1 or {v} == 0 and copysign(1.0, {v}) > 0):", f"    _k{i} = (_t{i}, {v}); _p{i} = False",
-                      "else:", f"    _k{i} = _t{i}; _p{i} = True"]
-            key.append(f"_k{i}")
-            argv.append(f"(None if _p{i} else {v})")
-    body = []
-    if tensors:
-        body = (["try:"] + [f"    _s{i} = {names[i]}._xla" for i in tensors]
-                + ["except AttributeError:", "    return generic(CALL)"])
-    body.append(f"_ops = [{', '.join(f'(_s{i}.node, _s{i}.idx)' for i in tensors)}]")
-    # The node's hash parts (ir.node_hash's tuple after base and args), kept beside _ops.
-    body.append(f"_hx = [{', '.join(f'_s{i}.node.hash, _s{i}.idx' for i in tensors)}]")
-    body += lines
-    body.append(f"_entry = cache.get(({', '.join(key)},))")
-    body += ["if _entry is None or _entry.fallback or EAGER[0]:", "    return generic(CALL)"]
-    body.append(f"_argv = [{', '.join(argv)}]")
-    for i, v in scalars:
-        body += [f"if _p{i}:", f"    _argv[{i}] = REFS[len(_ops)]; _n = scalar_param({v}, _entry.common)",
-                 "    _ops.append((_n, 0)); _hx.append(_n.hash); _hx.append(0)"]
-    body += ["COUNT[0] += 1", "_argv = tuple(_argv)",
-             "_node = make_node(NAME, tuple(_ops), _argv, _entry.avals, LOW, _entry.common if PROMOTE else None,"
-             " hash((_entry.base, _argv, *_hx)))",
-             "if _entry.structure != 'one':", "    return outputs(_node, _entry)",
-             "_shape, _dtype = _entry.avals[0]", "return make_tensor(_node, 0, _shape, _dtype)"]
-    src = f"def general({', '.join(params)}):\n" + "\n".join("    " + l.replace("CALL", ", ".join(call))
-                                                             for l in body) + "\n"
-    common = _common_case(k, ns)
-    if common is None:
-        src = src.replace("def general(", "def fast(", 1)
-    else:
-        src += "\n" + f"def fast({', '.join(params)}):\n" + "\n".join(
-            "    " + l.replace("CALL", ", ".join(call)) for l in common) + "\n"
+    """The specialised kernel of overload `k` (see the module's doc), with its source as
+    its `source` attribute."""
+    ns = _namespace(k)
+    params, call = _signature(k.plan, ns)
+    general, common = _general(k), _common_case(k, ns)
+    # Without a common case, the general layer is the entry point.
+    layers = [("general", general), ("fast", common)] if common is not None else [("fast", general)]
+    src = "\n".join(f"def {name}({params}):\n" + "\n".join("    " + line.replace("CALL", call) for line in body)
+                    + "\n" for name, body in layers)
+    if _printed(k.name):
+        print(f"# <kernel {k.name}>: {k.plan.describe()}\n{src}", file=sys.stderr, flush=True)
     exec(compile(src, f"<kernel {k.name}>", "exec"), ns)
     fast = ns["fast"]
     fast.source = src
     return fast
+
+
+def _printed(name: str) -> bool:
+    """Whether PT_XLA_PRINT_KERNELS asks for the source of kernel `name` (`aten::add.Tensor`,
+    `aten::mm` for a default overload): `1` or `all` for every kernel, else names with or
+    without `aten::` and the overload (`mm`, `aten::mm.default`)."""
+    want = env_vars.get("PT_XLA_PRINT_KERNELS").strip()
+    if want in ("", "0"):
+        return False
+    if want.lower() in ("1", "all"):
+        return True
+    full = name if "." in name else name + ".default"
+    op = full.partition(".")[0]
+    forms = {full, op, full.rpartition("::")[2], op.rpartition("::")[2]}
+    return any(w.strip() in forms for w in want.split(","))
+
+
+def _namespace(k: OpKernel) -> dict:
+    """The names the generated source uses: the kernel's tables and the engine's
+    functions, looked up as globals."""
+    low = k.low
+    create = tensor.creation_function()
+    return {"generic": k.__call__, "outputs": k._outputs, "cache": k.cache, "one": k.one,
+            "make_tensor": make_tensor, "Tensor": torch.Tensor, "REFS": REFS, "EAGER": EAGER, "freeze": freeze,
+            "NOSPECIAL": NO_SPECIAL_SCALARS, "NAME": k.name, "LOW": low, "PROMOTE": low.promote,
+            "COUNT": k.op_count, "copysign": math.copysign, "make_node": ir.make_node,
+            "scalar_param": ir.scalar_param, "NEW": object.__new__, "Node": ir.Node, "RECORDING": ir.recording,
+            "record_source": ir.record_source, "CHECK_SOURCES": ir.CHECK_SOURCES, "user_line": ir.user_line,
+            "CREATED": tensor.CREATED, "EMPTY": create, "TensorState": tensor.TensorState,
+            "RECORD": getattr(create, "record", None), "IMPORT": tensor._from_dlpack,
+            "CAPSULE": tensor._capsule_new, "DLTENSOR": tensor._DLTENSOR,
+            "PENDING": tensor.pending.refs, "WEAK": weakref.ref}
+
+
+def _signature(plan: ArgPlan, ns: dict) -> Tuple[str, str]:
+    """The kernels' parameter list (the schema's, defaults as `_d<i>`) and the call that
+    hands the arguments on (`CALL` in the lines)."""
+    params, call = [], []
+    for i, name in enumerate(plan.names):
+        if plan.kwarg_only[i] and "*" not in params:
+            params.append("*")
+        if plan.has_default[i]:
+            ns[f"_d{i}"] = plan.defaults[i]
+            params.append(f"{name}=_d{i}")
+        else:
+            params.append(name)
+        call.append(f"{name}={name}" if plan.kwarg_only[i] else name)
+    return ", ".join(params), ", ".join(call)
+
+
+def _fetch(src: Source) -> List[str]:
+    """The tensors read first: any other value raises AttributeError and leaves."""
+    if not src.fetched:
+        return []
+    return ["try:"] + ["    " + f for f in src.fetched] + ["except AttributeError:", "    " + src.leave]
+
+
+def _general(k: OpKernel) -> List[str]:
+    """The general layer: any XLA tensors and Python numbers, a cached entry without
+    fallback. Operands and hash parts are lists here (`_ops`, `_hx`), as arguments add to
+    them; the hash is `ir.node_hash`'s tuple."""
+    src = Source("return generic(CALL)")
+    for step in k.plan.steps:
+        step.general(src)
+    return (_fetch(src) + [f"_ops = [{', '.join(src.ops)}]", f"_hx = [{', '.join(src.hx)}]"] + src.lines
+            + [f"_entry = cache.get(({', '.join(src.key)},))",
+               "if _entry is None or _entry.fallback or EAGER[0]:", "    " + src.leave,
+               f"_argv = [{', '.join(src.argv)}]"] + src.late
+            + ["COUNT[0] += 1", "_argv = tuple(_argv)",
+               "_node = make_node(NAME, tuple(_ops), _argv, _entry.avals, LOW, _entry.common if PROMOTE else None,"
+               " hash((_entry.base, _argv, *_hx)))",
+               "if _entry.structure != 'one':", "    return outputs(_node, _entry)",
+               "_shape, _dtype = _entry.avals[0]", "return make_tensor(_node, 0, _shape, _dtype)"])
 
 
 _NEW_NODE = """_node = NEW(Node)
@@ -180,7 +170,7 @@ _node.avals = _entry.avals
 _node.lowering = LOW
 _node.info = {promote}
 _node.hash = hash((_entry.base, _argv, {hx}))
-if RECORDING[0]:
+if RECORDING.on:
     record_source(_node)"""
 _NEW_TENSOR = """CREATED[0] += 1
 _shape, _dtype = _entry.avals[0]
@@ -202,93 +192,40 @@ if _p is None:
 _t = IMPORT(CAPSULE(_p, DLTENSOR, None))"""
 
 
-def _common_case(k: OpKernel, ns: dict):
-    """The lines of the commonest call of an overload, or None: every Tensor argument an
+def _common_case(k: OpKernel, ns: dict) -> Optional[List[str]]:
+    """The common case's lines, or None when some step has none: every Tensor argument an
     inner XLA tensor (the last one may also be a Python number), every Scalar left at a
     default that is None, 0 or 1, every optional tensor None. Its tuples (key, operands,
     arguments, hash) have fixed lengths, built in one step each; any other call goes to
-    `general` (the lines above), which goes to the generic kernel."""
-    plan = k.plan
-    names = plan.names
+    `general`."""
     if NO_SPECIAL_SCALARS:
         return None
-    tpos = [i for i, x in enumerate(k.kinds) if x in (TENSOR, OPT_TENSOR)]
-    last_t = tpos[-1] if tpos and k.kinds[tpos[-1]] == TENSOR else -1
-    head, key, argv, fixed = [], ["NAME"], [], []
-    for i, kind in enumerate(plan.kinds):
-        v = names[i]
-        if kind == TENSOR:
-            fixed.append(i)
-            key += [f"_s{i}.shape", f"_s{i}.dtype"]
-            argv.append(f"REFS[{len(fixed) - 1}]" if i != last_t else "LAST")
-            if i == last_t:
-                key[-2:] = ["*LASTKEY"]
-        elif kind == OPT_TENSOR:
-            head += [f"if {v} is not None:", "    return general(CALL)"]
-            key.append("None")
-            argv.append("None")
-        elif kind == STATIC:
-            head.append(f"_x{i} = freeze({v}) if type({v}) is list else {v}")
-            key += [f"type(_x{i})", f"_x{i}"]
-            argv.append(f"_x{i}")
-        else:  # a Scalar: its default only, if that is None or a constant (0, 1)
-            d = plan.defaults[i] if plan.has_default[i] else ...
-            if d is None:
-                key.append("None")
-            elif type(d) in (int, float) and (d == 1 or d == 0 and math.copysign(1.0, d) > 0):
-                ns[f"_kd{i}"] = (type(d), d)
-                key.append(f"_kd{i}")
-            else:
-                return None
-            head += [f"if {v} is not _d{i}:", "    return general(CALL)"]
-            argv.append(f"_d{i}")
+    src = Source("return general(CALL)")
+    for step in k.plan.steps:
+        if not step.common(src):
+            return None
+    ns.update(src.ns)
     promote = "_entry.common" if k.low.promote else "None"
+    new_tensor = _NEW_TENSOR if ns["RECORD"] is None else _NEW_TENSOR.replace("_t = EMPTY(_shape, _dtype)", _ON_INDEX)
+    branch = src.branch
 
-    def tail(last_key, last_arg, last_op):
-        """The lines from the key to the result, given the last tensor argument's key
-        parts, argument and operand (None: no operand)."""
-        ops = [f"(_s{i}.node, _s{i}.idx)" for i in fixed if i != last_t]
-        hx = [f"_s{i}.node.hash, _s{i}.idx" for i in fixed if i != last_t]
-        # `one` holds the entries of one output without fallback: a miss goes to `general`
-        out = [f"_entry = one.get(({', '.join(x for kp in key for x in (last_key if kp == '*LASTKEY' else [kp]))},))",
-               "if _entry is None or EAGER[0]:", "    return general(CALL)"]
-        if last_op == "param":
-            out.append(f"_n = scalar_param({names[last_t]}, _entry.common)")
-            last_arg = f"REFS[{len(ops)}]"
-            ops.append("(_n, 0)")
-            hx.append("_n.hash, 0")
-        elif last_op is not None:
-            ops.append(last_op)
-            hx.append(f"_s{last_t}.node.hash, _s{last_t}.idx")
-        out += ["COUNT[0] += 1", f"_argv = ({''.join(a + ', ' for a in (last_arg if a == 'LAST' else a for a in argv))})"]
+    def tail(key: List[str], arg: Optional[str], op: Optional[str] = None, hx: Optional[str] = None,
+             after_lookup: List[str] = ()) -> List[str]:
+        """The lines from the look-up to the result, given the branching argument's key
+        parts, argument and operand (None: no operand). `one` holds the entries of one
+        output without fallback: a miss goes to `general`."""
+        keys = [x for part in src.key for x in (key if part is branch else [part])]
+        argv = [arg if a is branch else a for a in src.argv]
+        ops, hxs = src.ops + [op] * (op is not None), src.hx + [hx] * (hx is not None)
+        out = [f"_entry = one.get(({', '.join(keys)},))", "if _entry is None or EAGER[0]:", "    " + src.leave]
+        out += after_lookup
+        out += ["COUNT[0] += 1", f"_argv = ({''.join(a + ', ' for a in argv)})"]
         # ir.make_node and tensor.make_tensor, inline: this is the path of most traced ops
         out += _NEW_NODE.format(ops="".join(o + ", " for o in ops), promote=promote,
-                                hx="".join(h + ", " for h in hx)).splitlines()
+                                hx="".join(h + ", " for h in hxs)).splitlines()
         if k.low.checked:
             out.append("CHECK_SOURCES[_node] = user_line()")
-        new_tensor = _NEW_TENSOR if ns["RECORD"] is None else _NEW_TENSOR.replace(
-            "_t = EMPTY(_shape, _dtype)", _ON_INDEX)
-        out += new_tensor.splitlines()
-        return out
+        return out + new_tensor.splitlines()
 
-    lines = []
-    inner = [i for i in fixed if i != last_t]
-    if inner:
-        lines += ["try:"] + [f"    _s{i} = {names[i]}._xla" for i in inner] + ["except AttributeError:",
-                                                                              "    return general(CALL)"]
-    lines += head
-    if last_t < 0:
-        return lines + tail([], None, None)
-    v = names[last_t]
-    # a type test first: cheaper than getattr with a default, and no exception for numbers
-    lines += [f"_ty = type({v})", "if _ty is not float and _ty is not int:", "    try:", f"        _s{last_t} = {v}._xla",
-              "    except AttributeError:", "        return general(CALL)"]
-    lines += ["    " + x for x in tail([f"_s{last_t}.shape", f"_s{last_t}.dtype"], f"REFS[{len(inner)}]",
-                                     f"(_s{last_t}.node, _s{last_t}.idx)")]
-    # a wrapped Python number: a constant if 0 or 1, else a graph parameter (as `general`)
-    lines += [f"if {v} == 1 or {v} == 0 and copysign(1.0, {v}) > 0:"]
-    lines += ["    " + x for x in tail([f"(_ty, {v})"], v, None)]
-    lines += tail(["_ty"], None, "param")
-    return lines
-
-
+    lines = _fetch(src) + src.lines
+    return lines + (tail([], None) if branch is None else branch.tails(src, tail))

@@ -190,16 +190,20 @@ def _storage_new(cls, *args: Any, **kwargs: Any):
     return _orig_new(cls, *args, **kwargs)
 
 
-def install_load() -> None:
-    """`load_to_device`: registers the deserializer (once)."""
-    if any(fn is _deserialize for _, _, fn in torch.serialization._package_registry):
-        return
-    if patches.signature_matches(torch.serialization.register_package, ["priority", "tagger", "deserializer"],
-                                 "torch.serialization.register_package"):
-        torch.serialization.register_package(PRIORITY, _tag, _deserialize)
+def install_load() -> bool:
+    """Patch `load_to_device`: registers the deserializer."""
+    if not patches.signature_matches(torch.serialization.register_package, ["priority", "tagger", "deserializer"],
+                                     "torch.serialization.register_package"):
+        return False
+    torch.serialization.register_package(PRIORITY, _tag, _deserialize)
+    return True
 
 
-def install_storage_check() -> None:
-    """`xla_storage_refused`: `torch.UntypedStorage(..., device=xla)` raises (once)."""
-    if "__new__" not in torch.UntypedStorage.__dict__ and torch.UntypedStorage.__new__ is _orig_new:
-        torch.UntypedStorage.__new__ = staticmethod(_storage_new)
+def install_storage_check() -> bool:
+    """Patch `xla_storage_refused`: `torch.UntypedStorage(..., device=xla)` raises. A builtin
+    `__new__` has no signature to check: an `UntypedStorage` with a Python `__new__` of its
+    own is left alone."""
+    if "__new__" in torch.UntypedStorage.__dict__ or torch.UntypedStorage.__new__ is not _orig_new:
+        return patches.refuse("torch.UntypedStorage.__new__", "it is not PyTorch's builtin one")
+    torch.UntypedStorage.__new__ = staticmethod(_storage_new)
+    return True

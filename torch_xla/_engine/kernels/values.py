@@ -5,7 +5,7 @@ from typing import Optional, Union
 
 import torch
 
-from .. import executor, ir, metrics, runtime
+from .. import executor, ir, telemetry, pjrt
 from ..lowering import LOWERINGS
 from ..tensor import make_tensor, replace_state, state_of
 
@@ -14,32 +14,32 @@ def to_cpu(t: torch.Tensor) -> torch.Tensor:
     """Materialises an XLA tensor on the CPU (a host read)."""
     s = state_of(t)
     arr = executor.materialize(s)
-    with metrics.timed("TransferFromDeviceTime"):
-        host = runtime.fetch(arr)
+    with telemetry.timed("TransferFromDeviceTime"):
+        host = pjrt.fetch(arr)
     executor.inspect_checks()  # the read waited anyway: index errors of the programs so far
-    metrics.add_sample("InboundData", host.nbytes)  # into the host, from the device
-    return runtime.from_numpy(host, s.dtype)
+    telemetry.add_sample("InboundData", host.nbytes)  # into the host, from the device
+    return pjrt.from_numpy(host, s.dtype)
 
 
 def from_cpu(t: torch.Tensor, dtype: Optional[torch.dtype] = None, placement=None) -> torch.Tensor:
     """A new inner XLA tensor holding a copy of CPU tensor `t` (placed on `placement`, a
     jax device or sharding, or where new data goes by default)."""
-    with metrics.timed("TensorToData"):
+    with telemetry.timed("TensorToData"):
         return _from_cpu(t, dtype, placement)
 
 
 def _from_cpu(t, dtype, placement):
     if dtype is not None and dtype != t.dtype:
         t = t.to(dtype)
-    if not runtime.is_supported_dtype(t.dtype):
+    if not pjrt.is_supported_dtype(t.dtype):
         raise TypeError(f"dtype {t.dtype} is not supported on the xla device")
-    host = runtime.to_numpy(t)
-    dd = runtime.device_dtype(t.dtype)
+    host = pjrt.to_numpy(t)
+    dd = pjrt.device_dtype(t.dtype)
     if host.dtype != dd:
         host = host.astype(dd)
-    arr = runtime.put(host, placement)  # times the transfer (none yet for SPMD host data)
-    metrics.add_sample("OutboundData", host.nbytes)  # out of the host, to the device
-    metrics.inc("CreateDataHandles")
+    arr = pjrt.put(host, placement)  # times the transfer (none yet for SPMD host data)
+    telemetry.add_sample("OutboundData", host.nbytes)  # out of the host, to the device
+    telemetry.inc("CreateDataHandles")
     aval = (tuple(t.shape), t.dtype)
     return make_tensor(ir.DeviceData(arr, aval), 0, aval[0], aval[1])
 
@@ -85,5 +85,5 @@ def check_device(device: Optional[Union[str, torch.device]], unindexed_as_0: boo
     if isinstance(device, str):
         device = torch.device(device)
     if (isinstance(device, torch.device) and device.type == "xla" and device.index is not None
-            and device.index != runtime.device_index() and not (unindexed_as_0 and device.index == 0)):
-        raise RuntimeError(runtime.device_error(device))
+            and device.index != pjrt.device_index() and not (unindexed_as_0 and device.index == 0)):
+        raise RuntimeError(pjrt.device_error(device))

@@ -2,7 +2,7 @@
 
 Both run on the device: the inf/NaN check folds into `found_inf` and the scale update
 selects with `where`, so a training step never reads a value back to the host. The
-kernels (`kernels/amp.py`) pass tensor lists flat.
+kernels (`kernels/grad_scaling.py`) pass tensor lists flat.
 """
 from __future__ import annotations
 

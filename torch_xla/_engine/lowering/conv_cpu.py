@@ -2,23 +2,14 @@
 convolution.
 
 XLA:CPU hands a convolution to Eigen's spatial convolution when it can and otherwise
-emits a naive loop nest. Measured on this project's 2-core machine
-(`bench/bench_conv.py`), XLA's convolution is 1.5-70x slower than one matrix product of
-the patches in the cases that matter:
-
-- an input smaller than the kernel (ResNet's last stage: 2x2 maps, 3x3 kernels): a
-  32x512x2x2 forward takes 419 ms, as a matrix product 9.5 ms;
-- the input gradient of a strided convolution (an lhs-dilated convolution): 108 ms vs
-  8.5 ms;
-- one input channel (MNIST's first layer): its input gradient 16.4 vs 4.1 ms.
-
-Whole steps (`bench/bench_training.py`): MNIST 1.0x -> 1.5-1.9x the original torch_xla,
-ResNet-18 at 64x64 15.6 -> 56 samples/s. A shifted-slices sum for one input channel was faster alone but slower inside the MNIST
-step, so every ungrouped convolution on CPU takes the patches, forward and backward
-(`jax.vjp` of the same function, so they agree; the input gradient becomes slices and
-pads, never an lhs-dilated convolution). Only where the patch matrix would be large (big
-maps, where Eigen does well) does the convolution stay XLA's. Other platforms always use
-`lax.conv_general_dilated`.
+emits a naive loop nest, many times slower than one matrix product of the patches: for
+an input smaller than the kernel (ResNet's last stage), the input gradient of a strided
+convolution (an lhs-dilated convolution) and one input channel (MNIST's first layer). So
+every ungrouped convolution on CPU takes the patches, forward and backward (`jax.vjp` of
+the same function, so they agree; the input gradient becomes slices and pads, never an
+lhs-dilated convolution), except where the patch matrix would be large (big maps, where
+Eigen does well). Other platforms always use `lax.conv_general_dilated`. Figures and the
+formulations tried: BENCHMARKS.md, "Convolution formulations on XLA:CPU".
 """
 from __future__ import annotations
 
@@ -66,9 +57,8 @@ def _patches_fwd(xp, size, k, out, stride, dilation):
 
 def _patches_bwd(size, k, out, stride, dilation, _, g):
     # One sum, over the kernel offsets, of each offset's gradient slice padded (interior
-    # padding = stride - 1) back to where it was cut: `bench/bench_patches.py --compare
-    # patch-grad` measured it faster than jax's vjp of the stacked slices (one stage of
-    # pads and adds per spatial dimension): MNIST step 8.8 -> 8.2 ms, ResNet-18 216 -> 205.
+    # padding = stride - 1) back to where it was cut: faster inside a step than jax's vjp
+    # of the stacked slices (BENCHMARKS.md, "What moved the figures", fourth session).
     zero = jnp.zeros((), g.dtype)
     total = None
     for off in itertools.product(*(range(kk) for kk in k)):
@@ -95,13 +85,11 @@ def conv_im2col(x, w, stride, padding, dilation):
 
     The patch matrix's rows are (channel, kernel offset) and its columns (image, output
     position), cut from the input in (C, N, spatial...) order: its contiguous runs are
-    output rows, and the weights multiply it as they are. The channels-last matrix
-    (rows (image, position), columns (offset, channel)) has runs of C values, short
-    where convolutions are cheap; `bench/bench_patches.py --compare patch-layout`
-    measured its MNIST step at 10.0 vs 8.1 ms and ResNet-18's at 285 vs 205 ms.
-    Cutting one spatial dimension at a time gives XLA fewer, larger slices than one
-    slice per kernel offset (`--compare patches`); the patches' gradient is one sum of
-    padded slices (`_patches_bwd`)."""
+    output rows (a channels-last matrix's are only C values long), and the weights
+    multiply it as they are. Cutting one spatial dimension at a time gives XLA fewer,
+    larger slices than one slice per kernel offset; the patches' gradient is one sum of
+    padded slices (`_patches_bwd`). Measured against the alternatives: BENCHMARKS.md,
+    "What moved the figures", fourth session."""
     n, c = x.shape[:2]
     o = w.shape[0]
     k = w.shape[2:]

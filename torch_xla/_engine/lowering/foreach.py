@@ -185,12 +185,6 @@ def _ternary_lowering(f, kind):
     return low
 
 
-def _ternary_meta(base):
-    def meta(xs, t1, t2, scalars):
-        return base(xs, t1, t2, 1)
-    return meta
-
-
 def _meta_addcmul(xs, t1, t2, scalars):
     import torch
     return torch.ops.aten._foreach_addcmul.Scalar(xs, t1, t2, 1)

@@ -151,10 +151,6 @@ def _coords(index, dim):
     return tuple(out)
 
 
-def _as1d(*arrays):
-    return [jnp.reshape(a, (1,)) if a is not None and jnp.ndim(a) == 0 else a for a in arrays]
-
-
 def _check_along(x, dim, index, exc=RuntimeError, message=_OOB):
     d = _dim(dim, max(x.ndim, 1))
     size = x.shape[d] if x.ndim else 1
@@ -198,42 +194,11 @@ def _src_part(src, index, dt):
     return src[sl].astype(dt)
 
 
-def _scatter(x, dim, index, src, mode):
-    if index.size == 0:
-        return x
-    _check_along(x, dim, index)
-    x1, dim, index, src, scalar = _scatter_prep(x, dim, index, src)
-    c = _coords(index.astype(jnp.int64), dim)
-    v = _src_part(src, index, x1.dtype)
-    ref = x1.at[c]
-    if mode == "set":
-        out = ref.set(v)
-    elif mode in ("add", "sum"):
-        out = ref.max(v) if x1.dtype == jnp.bool_ else ref.add(v)  # bool: logical or
-    elif mode in ("multiply", "prod"):
-        out = ref.multiply(v)
-    elif mode == "amax":
-        out = ref.max(v)
-    elif mode == "amin":
-        out = ref.min(v)
-    else:
-        raise ValueError(f"reduce argument must be either add or multiply, got {mode}")
-    return jnp.reshape(out, x.shape) if scalar else out
-
-
-@lowering("aten::scatter.src", "aten::scatter.value", checked=True)
-def scatter(x, dim, index, src):
-    return _scatter(x, dim, index, src, "set")
-
-
-@lowering("aten::scatter.reduce", "aten::scatter.value_reduce", checked=True)
-def scatter_reduce_legacy(x, dim, index, src, reduce):
-    return _scatter(x, dim, index, src, reduce)
-
-
-@lowering("aten::scatter_add", checked=True)
-def scatter_add(x, dim, index, src):
-    return _scatter(x, dim, index, src, "add")
+# The reductions of scatter_reduce / index_reduce and the legacy scatter(reduce=...) as
+# jax's `.at[]` updates; bool keeps PyTorch's logical or / and.
+_AT_OP = {"sum": "add", "add": "add", "mean": "add", "prod": "multiply", "multiply": "multiply",
+          "amax": "max", "amin": "min"}
+_AT_OP_BOOL = {"add": "max", "multiply": "min"}
 
 
 def _identity(reduce, dt):
@@ -249,35 +214,71 @@ def _identity(reduce, dt):
     return jnp.asarray(info.min if reduce == "amax" else info.max, dt)
 
 
-@lowering("aten::scatter_reduce.two", checked=True)
+def _reduce_at(x, where, v, reduce, count=None, include_self=True):
+    """`x` with the values `v` combined into the elements `x[where]` by `reduce`.
+
+    `count` (how many values land on each element of x, broadcastable to it) is needed
+    when include_self is false (the elements hit start from the reduction's identity)
+    and for "mean"."""
+    dt = x.dtype
+    if not include_self:
+        x = jnp.where(count > 0, _identity(reduce, dt), x)
+    op = _AT_OP[reduce]
+    if dt == jnp.bool_:
+        op = _AT_OP_BOOL.get(op, op)
+    out = getattr(x.at[where], op)(v)
+    if reduce == "mean":
+        n = jnp.maximum(count + 1 if include_self else count, 1).astype(dt)
+        out = out / n if jnp.issubdtype(dt, jnp.inexact) else jnp.floor_divide(out, n)
+    return out
+
+
+def _scatter(x, dim, index, src, mode):
+    if index.size == 0:
+        return x
+    _check_along(x, dim, index)
+    x1, dim, index, src, scalar = _scatter_prep(x, dim, index, src)
+    c = _coords(index.astype(jnp.int64), dim)
+    v = _src_part(src, index, x1.dtype)
+    out = x1.at[c].set(v) if mode == "set" else _reduce_at(x1, c, v, mode)
+    return jnp.reshape(out, x.shape) if scalar else out
+
+
+@lowering("aten::scatter.src", "aten::scatter.value", checked=True)
+def scatter(x, dim, index, src):
+    return _scatter(x, dim, index, src, "set")
+
+
+# PyTorch's meta kernel checks `reduce` ("add" / "multiply").
+@lowering("aten::scatter.reduce", "aten::scatter.value_reduce", checked=True)
+def scatter_reduce_legacy(x, dim, index, src, reduce):
+    return _scatter(x, dim, index, src, reduce)
+
+
+@lowering("aten::scatter_add", checked=True)
+def scatter_add(x, dim, index, src):
+    return _scatter(x, dim, index, src, "add")
+
+
+def _meta_scatter_reduce(x, dim, index, src, reduce, include_self=True):
+    """PyTorch's meta kernel after the CPU's refusal of a bool mean (as a RuntimeError: a
+    NotImplementedError here would mean "no meta kernel" and send the op to the fallback)."""
+    import torch
+    if reduce == "mean" and x.dtype == torch.bool:
+        raise RuntimeError("\"scatter_gather_tensor_cpu_reduce_mean\" not implemented for 'Bool'")
+    return torch.ops.aten.scatter_reduce.two(x, dim, index, src, reduce, include_self=include_self)
+
+
+@lowering("aten::scatter_reduce.two", checked=True, meta=_meta_scatter_reduce)
 def scatter_reduce(x, dim, index, src, reduce, include_self=True):
     if index.size == 0:
         return x
     _check_along(x, dim, index)
     x1, d, idx, s, scalar = _scatter_prep(x, dim, index, src)
-    dt = x1.dtype
     c = _coords(idx.astype(jnp.int64), d)
-    v = _src_part(s, idx, dt)
-    count = jnp.zeros(x1.shape, jnp.int64).at[c].add(1)
-    base = x1 if include_self else jnp.where(count > 0, _identity(reduce, dt), x1)
-    ref = base.at[c]
-    if reduce in ("sum", "mean"):
-        out = ref.add(v)
-    elif reduce == "prod":
-        out = ref.multiply(v)
-    elif reduce == "amax":
-        out = ref.max(v)
-    elif reduce == "amin":
-        out = ref.min(v)
-    else:
-        raise ValueError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
-    if reduce == "mean":
-        n = count + 1 if include_self else count
-        n = jnp.maximum(n, 1)
-        if jnp.issubdtype(dt, jnp.floating) or jnp.issubdtype(dt, jnp.complexfloating):
-            out = out / n.astype(dt)
-        else:
-            out = jnp.floor_divide(out, n.astype(dt))
+    v = _src_part(s, idx, x1.dtype)
+    count = jnp.zeros(x1.shape, jnp.int64).at[c].add(1) if reduce == "mean" or not include_self else None
+    out = _reduce_at(x1, c, v, reduce, count, include_self)
     return jnp.reshape(out, x.shape) if scalar else out
 
 
@@ -445,37 +446,29 @@ def bucketize(x, boundaries, out_int32=False, right=False):
 
 # ---- index_reduce / nonzero_static / histc ---------------------------------------------------
 
-@lowering("aten::index_reduce", checked=True)
+def _meta_index_reduce(x, dim, index, source, reduce, include_self=True):
+    """PyTorch's meta kernel after the CPU's check of `reduce` (the meta kernel has none)."""
+    import torch
+    if reduce not in ("prod", "mean", "amax", "amin"):
+        raise RuntimeError(f"index_reduce(): Expected reduce to be one of prod, mean, amax or amin but got {reduce}.")
+    return torch.ops.aten.index_reduce(x, dim, index, source, reduce, include_self=include_self)
+
+
+@lowering("aten::index_reduce", checked=True, meta=_meta_index_reduce)
 def index_reduce(x, dim, index, source, reduce, include_self=True):
-    _check_along(x, dim, index, IndexError, _SELF)
     """Rows `index[i]` of x along dim combined with slice i of source (as scatter_reduce;
     without include_self the rows that are hit start from the reduction's identity)."""
+    _check_along(x, dim, index, IndexError, _SELF)
     scalar = x.ndim == 0
     x1 = jnp.reshape(x, (1,)) if scalar else jnp.moveaxis(x, _dim(dim, x.ndim), 0)
     src = jnp.asarray(source)
     s1 = jnp.reshape(src, (1,)) if src.ndim == 0 else jnp.moveaxis(src, _dim(dim, src.ndim), 0)
-    s1 = s1.astype(x1.dtype)
     idx = jnp.reshape(index, (-1,)).astype(jnp.int64)
-    dt = x1.dtype
-    count = jnp.zeros((x1.shape[0],), jnp.int64).at[idx].add(1)
-    count = jnp.reshape(count, (-1,) + (1,) * (x1.ndim - 1))
-    base = x1 if include_self else jnp.where(count > 0, _identity(reduce, dt), x1)
-    ref = base.at[idx]
-    if reduce == "mean":
-        out = ref.add(s1)
-        n = jnp.maximum(count + 1 if include_self else count, 1)
-        if jnp.issubdtype(dt, jnp.inexact):
-            out = out / n.astype(dt)
-        else:
-            out = jnp.floor_divide(out, n.astype(dt))
-    elif reduce == "prod":
-        out = ref.multiply(s1)
-    elif reduce == "amax":
-        out = ref.max(s1)
-    elif reduce == "amin":
-        out = ref.min(s1)
-    else:
-        raise RuntimeError(f"index_reduce(): Expected reduce to be one of prod, mean, amax or amin, got {reduce}.")
+    count = None
+    if reduce == "mean" or not include_self:
+        count = jnp.zeros((x1.shape[0],), jnp.int64).at[idx].add(1)
+        count = jnp.reshape(count, (-1,) + (1,) * (x1.ndim - 1))
+    out = _reduce_at(x1, idx, s1.astype(x1.dtype), reduce, count, include_self)
     return jnp.reshape(out, ()) if scalar else jnp.moveaxis(out, 0, _dim(dim, x.ndim))
 
 

@@ -5,7 +5,7 @@ from typing import Iterable, Optional, Tuple
 
 import numpy as np
 
-from .. import config
+from .. import env_vars
 from . import host_memory
 from .base import Policy
 
@@ -46,13 +46,12 @@ def prepare_process() -> None:
 def compiler_options(ops: Iterable[Tuple[str, tuple]]) -> dict:
     """XLA options for this program beyond the process-wide XLA_FLAGS.
 
-    On a CPU without AVX-512, XLA's YNNPACK fusions make attention-shaped programs slower
-    (batched matrix products with large outputs: the decoder benchmark's step 7%, its
-    forward 21%, `bench/bench_xla_options.py`) while they speed up convolution networks
-    (ResNet-18 step 33%); there, programs with such a product compile without them. With
-    AVX-512 they make the decoder faster too (step 1147 -> 1014 ms, forward 392 -> 338)
-    and every program keeps them. XLA_FLAGS naming the option decides alone."""
-    if _YNN_OPTION in (config.get("XLA_FLAGS") or ""):
+    On a CPU without AVX-512, XLA's YNNPACK fusions make attention-shaped programs
+    (batched matrix products with large outputs) slower, while they speed up convolution
+    networks: such programs compile without them. With AVX-512 they are faster for both
+    and every program keeps them. XLA_FLAGS naming the option decides alone. Figures:
+    BENCHMARKS.md, "What moved the figures", the YNNPACK entries."""
+    if _YNN_OPTION in (env_vars.get("XLA_FLAGS") or ""):
         return {}
     if "avx512f" in host_cpu_flags():
         return {}
@@ -66,8 +65,8 @@ def compiler_options(ops: Iterable[Tuple[str, tuple]]) -> dict:
 
 class CpuPolicy(Policy):
     name = "CPU"
-    # XLA:CPU's convolution is 1.5-70x slower than a product of patches where Eigen cannot
-    # take it (lowering/conv_cpu.py).
+    # XLA:CPU's convolution is many times slower than a product of patches where Eigen
+    # cannot take it (lowering/conv_cpu.py; BENCHMARKS.md, "Convolution formulations on XLA:CPU").
     patch_convolutions = True
     # PyTorch/XLA runs a CPU job as one process driving CPU_NUM_DEVICES devices, a thread
     # per replica, so replica i computes on `xla:i`; here each replica is a process with
@@ -78,8 +77,9 @@ class CpuPolicy(Policy):
         return compiler_options(ops)
 
     def quick_compiler_options(self, nodes: int) -> Optional[dict]:
-        # XLA's fusion emitters take about half of a program's CPU compile time; without
-        # them the code is close in speed for a few runs (bench/bench_first_step.py).
+        # XLA's fusion emitters take about half of a program's CPU compile time, and for a
+        # few runs the code without them is close in speed (BENCHMARKS.md, "Time to first
+        # result: tiered compilation").
         return _QUICK_OPTIONS if nodes >= _TIER_MIN_NODES else None
 
     def before_compile(self) -> None:

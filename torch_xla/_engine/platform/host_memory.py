@@ -3,10 +3,9 @@
 On the CPU device XLA's buffers are C-heap memory. glibc serves a request over its mmap
 threshold (at most 32 MiB), and every large request of a thread other than the main one,
 with a fresh `mmap` and returns it with `munmap` on free, so each execution of a program
-with a large temporary buffer touches all of it anew: one page fault per 4 KiB. The
-decoder training step of bench/ allocates a 0.9 GiB temporary buffer per execution,
-about 235,000 faults per step, and a first touch costs about 4 us per page on this kind
-of virtual machine (`bench/bench_host_memory.py`).
+with a large temporary buffer touches all of it anew: one page fault per 4 KiB, a large
+part of the decoder benchmark's step (BENCHMARKS.md, "What moved the figures", *Host
+memory kept resident on CPU*).
 
 `configure()` keeps the memory instead: one malloc arena for all threads (a non-main
 arena cannot hold more than 64 MiB), no mmap, no trimming of the heap's top. Freed
@@ -30,11 +29,11 @@ import sys
 import time
 from typing import Optional
 
-from .. import config
+from .. import env_vars
 
 LARGE_TEMP_BYTES = 64 << 20
-# The temporary buffer is freed a few ms after the outputs are ready (5-14 ms measured on
-# the decoder step); past this the dispatch goes ahead rather than stall.
+# XLA frees the temporary buffer a few ms after the outputs are ready (BENCHMARKS.md, as
+# above); past this the dispatch goes ahead rather than stall.
 _FREE_WAIT_S = 0.05
 
 _M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
@@ -46,30 +45,42 @@ class _MallInfo2(ctypes.Structure):
         "uordblks", "fordblks", "keepcost")]
 
 
-_state = {"libc": None, "active": False}
+class _Allocator:
+    """`libc`: glibc's handle (None: not looked up yet; False: not glibc 2.33+), looked up
+    by the first thread that asks, without a lock (a race loads the same library twice).
+    `active`: `configure` changed the allocator; written once at jax's start (under
+    `boot._lock`), read by any thread that dispatches or compiles a program."""
+    __slots__ = ("libc", "active")
+
+    def __init__(self):
+        self.libc = None
+        self.active = False
+
+
+_allocator = _Allocator()
 # The last large program dispatched: (an output array, heap bytes in use just before its
 # dispatch, its temporary buffer's bytes).
 _last: Optional[tuple] = None
 
 
 def _glibc():
-    if _state["libc"] is None:
+    if _allocator.libc is None:
         try:
             libc = ctypes.CDLL("libc.so.6")
             libc.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
             libc.mallinfo2.restype = _MallInfo2
-            _state["libc"] = libc
+            _allocator.libc = libc
         except (OSError, AttributeError):  # not glibc, or older than 2.33
-            _state["libc"] = False
-    return _state["libc"]
+            _allocator.libc = False
+    return _allocator.libc
 
 
 def configure() -> bool:
     """Makes freed C-heap memory stay resident (see the module docstring). Called once,
     before the CPU client starts its threads; returns whether the allocator was changed."""
-    if _state["active"]:
+    if _allocator.active:
         return True
-    if not config.get("PT_XLA_RETAIN_HOST_MEMORY"):
+    if not env_vars.get("PT_XLA_RETAIN_HOST_MEMORY"):
         return False
     libc = _glibc()
     if not libc:
@@ -81,12 +92,12 @@ def configure() -> bool:
         return False
     ok = (libc.mallopt(_M_ARENA_MAX, 1) == 1 and libc.mallopt(_M_MMAP_MAX, 0) == 1
           and libc.mallopt(_M_TRIM_THRESHOLD, 2 ** 31 - 1) == 1)
-    _state["active"] = ok
+    _allocator.active = ok
     return ok
 
 
 def active() -> bool:
-    return _state["active"]
+    return _allocator.active
 
 
 def release() -> None:
@@ -111,7 +122,7 @@ def before_dispatch() -> int:
     previous large program's temporary buffer is free. Returns the heap's bytes in use
     just before the dispatch, for `after_dispatch`."""
     settle()
-    return _state["libc"].mallinfo2().uordblks
+    return _allocator.libc.mallinfo2().uordblks
 
 
 def settle(release: bool = False) -> None:
@@ -129,7 +140,7 @@ def settle(release: bool = False) -> None:
         out.block_until_ready()
     except Exception:  # noqa: BLE001  (its error surfaces where its value is read)
         return
-    libc = _state["libc"]
+    libc = _allocator.libc
     # XLA allocates the temporary buffer on a worker thread, at or after the dispatch,
     # and frees it after the outputs are ready: it is free once the heap is back near
     # its size before the dispatch (outputs mostly replace donated inputs).

@@ -1,61 +1,39 @@
 """`torch_xla.amp.syncfree.Adam`."""
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Dict, List
 
 import torch
 from torch import Tensor
 
 from . import _functional as F
-from ._base import grad_of, resolve
+from ._base import SyncFree
 
 
-def adam_like_step(opt: torch.optim.Optimizer, closure: Optional[Callable], found_inf: Tensor,
-                   grad_scale: Optional[Tensor], use_adamw: bool):
-    loss = None
-    if closure is not None:
-        with torch.enable_grad():
-            loss = closure()
-    for group in opt.param_groups:
-        params, grads, avgs, sqs, maxs, steps = [], [], [], [], [], []
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            if p.grad.is_sparse:
-                raise RuntimeError("Adam does not support sparse gradients, please consider SparseAdam instead")
-            params.append(p)
-            grads.append(grad_of(p, grad_scale))
-            state = opt.state[p]
-            if "step" not in state:
-                state["step"] = torch.zeros_like(found_inf, device=p.device)
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                if group["amsgrad"]:
-                    state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            avgs.append(state["exp_avg"])
-            sqs.append(state["exp_avg_sq"])
-            maxs.append(state.get("max_exp_avg_sq"))
-            steps.append(state["step"])
-        if not params:
-            continue
+class AdamRule(SyncFree):
+    """The update of Adam and AdamW (decoupled weight decay when the optimizer's defaults
+    say so, as torch.optim.AdamW's do)."""
+
+    def _check_grad(self, p: Tensor) -> None:
+        if p.grad.is_sparse:
+            raise RuntimeError("Adam does not support sparse gradients, please consider SparseAdam instead")
+
+    def _init_state(self, p: Tensor, state: Dict[str, Any], group: Dict[str, Any]) -> None:
+        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        if group["amsgrad"]:
+            state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+    def _update(self, group: Dict[str, Any], params: List[Tensor], grads: List[Tensor],
+                states: List[Dict[str, Any]], found_inf: Tensor) -> None:
         beta1, beta2 = group["betas"]
-        F.adam_step(found_inf.to(params[0].device), steps, params, grads, avgs, sqs, maxs,
+        F.adam_step(found_inf, [s["step"] for s in states], params, grads, [s["exp_avg"] for s in states],
+                    [s["exp_avg_sq"] for s in states], [s.get("max_exp_avg_sq") for s in states],
                     amsgrad=group["amsgrad"], beta1=beta1, beta2=beta2, lr=group["lr"],
                     weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
-                    use_adamw=use_adamw)
-    return loss
+                    use_adamw=bool(self.defaults.get("decoupled_weight_decay", False)))
 
 
-class Adam(torch.optim.Adam):
+class Adam(AdamRule, torch.optim.Adam):
     """torch.optim.Adam whose `step(found_inf=t)` is skipped inside the graph where the
     device scalar `t` is non-zero (`found_inf=None`: torch.optim.Adam's step)."""
-
-    _step_supports_amp_scaling = True
-
-    @torch.no_grad()
-    def step(self, closure: Optional[Callable] = None, found_inf: Optional[Tensor] = None):
-        found_inf, grad_scale = resolve(self, found_inf)
-        if found_inf is None:
-            return super().step(closure=closure)
-        return adam_like_step(self, closure, found_inf, grad_scale,
-                              use_adamw=bool(self.defaults.get("decoupled_weight_decay", False)))

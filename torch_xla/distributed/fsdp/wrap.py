@@ -18,18 +18,20 @@ __all__ = ["always_wrap_policy", "lambda_auto_wrap_policy", "transformer_auto_wr
            "size_based_auto_wrap_policy", "recursive_wrap", "wrap", "enable_wrap"]
 
 
-def always_wrap_policy(*args: Any, **kwargs: Any) -> bool:
+def always_wrap_policy(*args: Any, **kwargs: Any) -> bool:  # noqa: ARG001 (a policy's arguments, not needed)
     """Wraps every submodule."""
     return True
 
 
-def lambda_auto_wrap_policy(module: nn.Module, recurse: bool, unwrapped_params: int,
+def lambda_auto_wrap_policy(module: nn.Module, recurse: bool,
+                            unwrapped_params: int,  # noqa: ARG001 (a policy's signature)
                             lambda_fn: Callable[[nn.Module], bool]) -> bool:
     """Wraps the modules for which `lambda_fn(module)` is true."""
     return True if recurse else bool(lambda_fn(module))
 
 
-def transformer_auto_wrap_policy(module: nn.Module, recurse: bool, unwrapped_params: int,
+def transformer_auto_wrap_policy(module: nn.Module, recurse: bool,
+                                 unwrapped_params: int,  # noqa: ARG001 (a policy's signature)
                                  transformer_layer_cls: Set[Type[nn.Module]]) -> bool:
     """Wraps every instance of the classes in `transformer_layer_cls`."""
     return True if recurse else isinstance(module, tuple(transformer_layer_cls))

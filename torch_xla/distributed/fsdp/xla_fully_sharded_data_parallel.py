@@ -13,24 +13,47 @@ With `reshard_after_forward` (inner wrappers; the root keeps its parameters when
 saves a reference to the shard instead, and the backward all-gathers it again, after
 the gradient of the wrapper's output exists (an optimization barrier orders the two), so
 at most a few wrappers' full parameters are alive at once.
+
+`coalesce_all_gather_ops` gathers all of a wrapper's shards with one (coalesced)
+all-gather; `reduce_scatter_bucket_size_mb` collects the gradients of several shards
+until they exceed that size and reduce-scatters them as one concatenated tensor (the
+rest at the end of the backward). Arguments of PyTorch/XLA's implementation that cannot
+change anything here warn once per process when given a non-default value.
 """
 from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
 
 from ... import _api, runtime as xr
-from ..._engine import collectives as _coll
+from ..._engine import comm as _coll, executor, ir
+from ..._engine.tensor import state_of
 from .utils import apply_xla_patch_to_nn_linear
 from .wrap import recursive_wrap
 
 __all__ = ["XlaFullyShardedDataParallel"]
 
 _tls = threading.local()
+
+# Arguments already warned about (once per argument per process).
+_WARNED = set()
+
+
+def _no_effect(arg: str, value: Any, why: str) -> None:
+    if arg not in _WARNED:
+        _WARNED.add(arg)
+        warnings.warn(f"XlaFullyShardedDataParallel: {arg}={value!r} has no effect here: {why}", UserWarning,
+                      stacklevel=3)
+
+
+_DEBUG_DEFAULTS = {"_debug_dummy_forward_pass": False, "_debug_msg": "xla_fsdp", "_debug_print": False,
+                   "_debug_dummy_all_gather_op": False, "_debug_dummy_all_reduce_op": False,
+                   "_debug_dummy_reduce_scatter_op": False, "_debug_dummy_optimization_barrier_op": False}
 
 
 def _depth() -> int:
@@ -59,27 +82,35 @@ class _AllGather(torch.autograd.Function):
         ctx.fsdp = fsdp
         ctx.group = group
         ctx.dtype = shard.dtype
-        x = shard if shard.dtype == fsdp.compute_dtype else shard.to(fsdp.compute_dtype)
-        if after is not None:
-            x = _coll.optimization_barrier([x, after])[0]
-        elif fsdp.optimization_barrier_in_forward:
-            (x,) = _coll.optimization_barrier([x])
-        return _coll.all_gather(x, 0, fsdp.sharding_groups)
+        return fsdp._gather_shards([group], [shard], after, fsdp.optimization_barrier_in_forward)[0]
 
     @staticmethod
     def backward(ctx, grad):
+        return ctx.fsdp._reduce_grad(ctx.group, grad, ctx.dtype), None, None, None
+
+
+class _AllGatherCoalesced(torch.autograd.Function):
+    """Every shard of a wrapper -> padded full values by one coalesced all-gather; the
+    gradients go the way `_AllGather`'s do, shard by shard."""
+
+    @staticmethod
+    def forward(ctx, fsdp, after, *shards):
+        ctx.fsdp = fsdp
+        ctx.dtypes = [s.dtype for s in shards]
+        ctx.set_materialize_grads(False)  # an unused parameter keeps no gradient, as with _AllGather
+        outs = fsdp._gather_shards(list(range(len(shards))), list(shards), after,
+                                   fsdp.optimization_barrier_in_forward)
+        frozen = [o for o, g in zip(outs, fsdp._groups) if not g.requires_grad]
+        if frozen:
+            ctx.mark_non_differentiable(*frozen)
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
         f = ctx.fsdp
-        held = f._unsynced_grads.pop(ctx.group, None)
-        if held is not None:
-            grad = grad + held
-        if not f._sync_grads:
-            # Inside no_sync(): keep the full gradient here, reduce it with a later one.
-            f._unsynced_grads[ctx.group] = grad
-            return None, None, None, None
-        if f.fp32_reduce_scatter and grad.dtype != torch.float32:
-            grad = grad.float()
-        r = _coll.reduce_scatter("sum", grad, 1.0 / f.world_size, 0, f.world_size, f.sharding_groups)
-        return r.to(ctx.dtype), None, None, None
+        res = [None if g is None or not ctx.needs_input_grad[2 + i] else f._reduce_grad(i, g, ctx.dtypes[i])
+               for i, g in enumerate(grads)]
+        return (None, None, *res)
 
 
 class _Saved:
@@ -97,7 +128,16 @@ class XlaFullyShardedDataParallel(nn.Module):
     fp32_reduce_scatter: reduce gradients in float32; shard_param_on_dim_0: cut each
     parameter along dim 0 instead of flattened; auto_wrap_policy /
     auto_wrapper_callable: wrap submodules first (`fsdp.wrap`); sharding_groups: shard
-    within these replica groups."""
+    within these replica groups (sharding_rank / sharding_world_size, when given, must
+    agree with them). execute_sharding_on_init: compute the shards now, not at the next
+    barrier; sync_on_finalization: `torch_xla.sync()` at the end of the root wrapper's
+    backward; coalesce_all_gather_ops, reduce_scatter_bucket_size_mb: see the module
+    docstring; _shard_size_multiple: pad each flattened shard to a multiple of this
+    many elements and gather it as rows of that width (PyTorch/XLA uses 128 for TPU
+    tiling; the default here, 1, pads only to the world size); _use_xla_patched_linear:
+    patch `nn.Linear`s so that resharding can recognise their saved weights.
+    pin_layout_in_collective_ops=False and the `_debug_*` switches warn once and change
+    nothing. Unknown keyword arguments are a TypeError."""
 
     _xla_fsdp_wrapper = True
 
@@ -111,7 +151,11 @@ class XlaFullyShardedDataParallel(nn.Module):
                  pin_layout_in_collective_ops: bool = True, reduce_scatter_bucket_size_mb: Optional[int] = 0,
                  coalesce_all_gather_ops: bool = False, auto_wrap_policy: Optional[Callable] = None,
                  auto_wrapper_callable: Optional[Callable] = None,
-                 param_init_fn: Optional[Callable[[nn.Module], None]] = None, **kwargs: Any):
+                 param_init_fn: Optional[Callable[[nn.Module], None]] = None, _shard_size_multiple: int = 1,
+                 _use_xla_patched_linear: bool = True, _debug_dummy_forward_pass: bool = False,
+                 _debug_msg: str = "xla_fsdp", _debug_print: bool = False, _debug_dummy_all_gather_op: bool = False,
+                 _debug_dummy_all_reduce_op: bool = False, _debug_dummy_reduce_scatter_op: bool = False,
+                 _debug_dummy_optimization_barrier_op: bool = False):
         if isinstance(module, XlaFullyShardedDataParallel):
             raise RuntimeError("Cannot wrap a module that is already wrapped with FSDP. For nested FSDP, first wrap "
                                "the inner child modules before wrapping the outer parent module.")
@@ -119,15 +163,36 @@ class XlaFullyShardedDataParallel(nn.Module):
         if fwd is None or fwd is nn.Module.forward:
             raise RuntimeError("The module wrapped by FSDP *must define a `forward` method*; do not wrap "
                                "`nn.ModuleList` or `nn.ModuleDict`.")
+        debug = dict(_debug_dummy_forward_pass=_debug_dummy_forward_pass, _debug_msg=_debug_msg,
+                     _debug_print=_debug_print, _debug_dummy_all_gather_op=_debug_dummy_all_gather_op,
+                     _debug_dummy_all_reduce_op=_debug_dummy_all_reduce_op,
+                     _debug_dummy_reduce_scatter_op=_debug_dummy_reduce_scatter_op,
+                     _debug_dummy_optimization_barrier_op=_debug_dummy_optimization_barrier_op)
+        for name, value in debug.items():
+            if value != _DEBUG_DEFAULTS[name]:
+                _no_effect(name, value, "a debugging switch of PyTorch/XLA's implementation (dummy "
+                           "collectives, a dummy forward, trace prints), which this implementation does not have")
+        if not pin_layout_in_collective_ops:
+            _no_effect("pin_layout_in_collective_ops", pin_layout_in_collective_ops, _PIN_LAYOUT_WHY)
+        bucket_mb = 0 if reduce_scatter_bucket_size_mb is None else reduce_scatter_bucket_size_mb
+        if bucket_mb < 0:
+            raise ValueError(f"reduce_scatter_bucket_size_mb must be >= 0, got {bucket_mb}")
+        if int(_shard_size_multiple) != _shard_size_multiple or _shard_size_multiple < 1:
+            raise ValueError(f"_shard_size_multiple must be a positive integer, got {_shard_size_multiple}")
         super().__init__()
         wrapper_kwargs = dict(
             reshard_after_forward=reshard_after_forward, flatten_parameters=flatten_parameters,
+            execute_sharding_on_init=execute_sharding_on_init,
             optimization_barrier_in_forward=optimization_barrier_in_forward,
             optimization_barrier_in_backward=optimization_barrier_in_backward,
+            sync_on_finalization=sync_on_finalization,
             disable_reshard_on_root=disable_reshard_on_root, compute_dtype=compute_dtype, buffer_dtype=buffer_dtype,
             fp32_reduce_scatter=fp32_reduce_scatter, sharding_groups=sharding_groups, sharding_rank=sharding_rank,
             sharding_world_size=sharding_world_size, shard_param_on_dim_0=shard_param_on_dim_0,
-            pin_layout_in_collective_ops=pin_layout_in_collective_ops, param_init_fn=param_init_fn, **kwargs)
+            pin_layout_in_collective_ops=pin_layout_in_collective_ops,
+            reduce_scatter_bucket_size_mb=reduce_scatter_bucket_size_mb,
+            coalesce_all_gather_ops=coalesce_all_gather_ops, param_init_fn=param_init_fn,
+            _shard_size_multiple=_shard_size_multiple, _use_xla_patched_linear=_use_xla_patched_linear, **debug)
         if auto_wrap_policy is not None:
             wrapper = auto_wrapper_callable or XlaFullyShardedDataParallel
             recursive_wrap(module, auto_wrap_policy, wrapper, set(), set(), only_wrap_children=True,
@@ -138,6 +203,14 @@ class XlaFullyShardedDataParallel(nn.Module):
             if group is None:
                 raise ValueError(f"replica {me} is in none of the sharding groups {sharding_groups}")
             self.world_size, self.rank = len(group), list(group).index(me)
+            # PyTorch/XLA takes both from the caller; here the groups decide, and values
+            # that disagree with them would have sharded wrongly there.
+            if sharding_world_size is not None and sharding_world_size != self.world_size:
+                raise ValueError(f"sharding_world_size={sharding_world_size} but the sharding groups have "
+                                 f"{self.world_size} replicas")
+            if sharding_rank is not None and sharding_rank != self.rank:
+                raise ValueError(f"sharding_rank={sharding_rank} but replica {me} is at position {self.rank} of "
+                                 f"its sharding group {list(group)}")
         else:
             self.world_size = sharding_world_size or xr.world_size()
             self.rank = xr.global_ordinal() if sharding_rank is None else sharding_rank
@@ -149,6 +222,14 @@ class XlaFullyShardedDataParallel(nn.Module):
         self.optimization_barrier_in_forward = optimization_barrier_in_forward
         self.optimization_barrier_in_backward = optimization_barrier_in_backward
         self.fp32_reduce_scatter = fp32_reduce_scatter
+        self.sync_on_finalization = sync_on_finalization
+        self.coalesce_all_gather_ops = coalesce_all_gather_ops
+        self._shard_size_multiple = 1 if shard_param_on_dim_0 else int(_shard_size_multiple)
+        self._bucket_bytes = bucket_mb * 1024 * 1024
+        self._bucket: List[Tuple[int, torch.Tensor, torch.dtype]] = []
+        self._bucket_size = 0
+        self._flush_queued = False
+        self._sync_at_end = False
         self.xla_device = _api.device()
         if param_init_fn is not None and any(p.is_meta for p in module.parameters()):
             param_init_fn(module)
@@ -157,7 +238,8 @@ class XlaFullyShardedDataParallel(nn.Module):
         self.buffer_dtype = buffer_dtype or self.compute_dtype
         if self.fp32_reduce_scatter and compute_dtype is None:
             raise ValueError("fp32_reduce_scatter requires compute_dtype")
-        apply_xla_patch_to_nn_linear(module)
+        if _use_xla_patched_linear:
+            apply_xla_patch_to_nn_linear(module)
         self._groups: List[_Group] = []
         self._shard(module)
         self._buffer_info: Dict[str, torch.dtype] = {}
@@ -178,6 +260,14 @@ class XlaFullyShardedDataParallel(nn.Module):
         self._checkpointed = any(hasattr(m, "_xla_checkpointed_forward_original") for m in self._own_modules(module))
         self._sync_grads = True
         self._unsynced_grads: Dict[int, torch.Tensor] = {}
+        if execute_sharding_on_init:
+            # Compute the shards (and cast buffers) now, so the full values they were cut
+            # from can be freed before the first step.
+            held = [state_of(t) for t in [g.shard for g in self._groups] + list(module.buffers())
+                    if t.device.type == "xla"]
+            todo = [st for st in held if type(st.node) is not ir.DeviceData]
+            if todo:
+                executor.sync(states=todo)
 
     # ---- sharding -----------------------------------------------------------------------
 
@@ -228,7 +318,7 @@ class XlaFullyShardedDataParallel(nn.Module):
                 full = torch.cat([full, full.new_zeros((pad,) + tuple(full.shape[1:]))])
             return full.chunk(n)[self.rank].clone()
         flat = full.reshape(-1)
-        pad = (-flat.numel()) % n
+        pad = (-flat.numel()) % (n * self._shard_size_multiple)
         if pad:
             flat = torch.cat([flat, flat.new_zeros(pad)])
         return flat.chunk(n)[self.rank].clone()
@@ -280,26 +370,111 @@ class XlaFullyShardedDataParallel(nn.Module):
     def sharded_params(self) -> List[nn.Parameter]:
         return [g.shard for g in self._groups]
 
+    def _gather_shards(self, gis: List[int], shards: List[torch.Tensor], after: Optional[torch.Tensor],
+                       barrier: bool) -> List[torch.Tensor]:
+        """The padded full values of the shards of groups `gis` (no autograd): cast to
+        compute_dtype, behind one optimization barrier (ordered after `after` if given),
+        all-gathered on dim 0 (one coalesced collective with coalesce_all_gather_ops)."""
+        xs = [s if s.dtype == self.compute_dtype else s.to(self.compute_dtype) for s in shards]
+        if after is not None:
+            xs = _coll.optimization_barrier(xs + [after])[:-1]
+        elif barrier:
+            xs = _coll.optimization_barrier(xs)
+        m = self._shard_size_multiple
+        rows = [m > 1 and not self._groups[gi].dim0 for gi in gis]
+        # Rows of the multiple's width: the layout PyTorch/XLA gathers for TPU tiling.
+        xs = [x.view(-1, m) if r else x for x, r in zip(xs, rows)]
+        if self.coalesce_all_gather_ops and len(xs) > 1:
+            outs = _coll.all_gather(xs, 0, self.sharding_groups)
+        else:
+            outs = [_coll.all_gather(x, 0, self.sharding_groups) for x in xs]
+        return [o.reshape(-1) if r else o for o, r in zip(outs, rows)]
+
     def _gather(self, after: Optional[torch.Tensor] = None) -> List[List[torch.Tensor]]:
         """The full parameters, per group (differentiable when grad mode is on). `after`:
         a re-gather in the backward, ordered after that tensor (the output's gradient)."""
-        out = []
         if after is not None and not self.optimization_barrier_in_backward:
             after = None
-        for gi, g in enumerate(self._groups):
-            s = g.shard
-            if torch.is_grad_enabled() and g.requires_grad:
-                full = _AllGather.apply(s, self, after, gi)  # casts to compute_dtype inside
+        groups = self._groups
+        grad = torch.is_grad_enabled()
+        if self.coalesce_all_gather_ops and len(groups) > 1:
+            if grad and any(g.requires_grad for g in groups):
+                fulls = list(_AllGatherCoalesced.apply(self, after, *[g.shard for g in groups]))
             else:
-                s = s.detach() if s.dtype == self.compute_dtype else s.detach().to(self.compute_dtype)
-                x = s if after is None else _coll.optimization_barrier([s, after])[0]
-                full = _coll.all_gather(x, 0, self.sharding_groups)
+                fulls = self._gather_shards(list(range(len(groups))), [g.shard.detach() for g in groups], after,
+                                            False)
+        else:
+            fulls = []
+            for gi, g in enumerate(groups):
+                if grad and g.requires_grad:
+                    fulls.append(_AllGather.apply(g.shard, self, after, gi))
+                else:
+                    fulls.append(self._gather_shards([gi], [g.shard.detach()], after, False)[0])
+        out = []
+        for g, full in zip(groups, fulls):
             if g.dim0:
                 out.append([full[:g.sizes[0][0]]])
             else:
                 parts = full[:sum(g.numels)].split(g.numels)
                 out.append([t.view(sz) for t, sz in zip(parts, g.sizes)])
         return out
+
+    # ---- gradient reduction ---------------------------------------------------------------
+
+    def _reduce_grad(self, gi: int, grad: torch.Tensor, dtype: torch.dtype) -> Optional[torch.Tensor]:
+        """The shard gradient of group `gi` from the full one (averaged over the replicas),
+        or None when it is held back: inside no_sync(), or collected into a bucket that
+        writes `.grad` itself when it is reduced."""
+        held = self._unsynced_grads.pop(gi, None)
+        if held is not None:
+            grad = grad + held
+        if not self._sync_grads:
+            # Inside no_sync(): keep the full gradient here, reduce it with a later one.
+            self._unsynced_grads[gi] = grad
+            return None
+        if self.fp32_reduce_scatter and grad.dtype != torch.float32:
+            grad = grad.float()
+        if self._bucket_bytes:
+            self._bucket_add(gi, grad, dtype)
+            return None
+        r = _coll.reduce_scatter("sum", grad, 1.0 / self.world_size, 0, self.world_size, self.sharding_groups)
+        return r.to(dtype)
+
+    def _bucket_add(self, gi: int, grad: torch.Tensor, dtype: torch.dtype) -> None:
+        if self._bucket and self._bucket[0][1].dtype != grad.dtype:
+            self._flush_bucket()  # one concatenation holds one dtype
+        self._bucket.append((gi, grad, dtype))
+        self._bucket_size += grad.numel() * grad.element_size()
+        if not self._flush_queued:
+            self._flush_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._flush_at_end)
+        if self._bucket_size > self._bucket_bytes:
+            self._flush_bucket()
+
+    def _flush_at_end(self) -> None:
+        self._flush_queued = False
+        self._flush_bucket()
+
+    @torch.no_grad()
+    def _flush_bucket(self) -> None:
+        """One reduce-scatter of the bucket's gradients, each seen as (world size, -1)
+        rows and concatenated along the rows, so replica r receives the r-th row of every
+        one: its shard of each. The shards' `.grad` accumulate the results."""
+        bucket, self._bucket, self._bucket_size = self._bucket, [], 0
+        if not bucket:
+            return
+        n = self.world_size
+        mats = [g.reshape(n, -1) for _, g, _ in bucket]
+        whole = mats[0] if len(mats) == 1 else torch.cat(mats, 1)
+        r = _coll.reduce_scatter("sum", whole, 1.0 / n, 0, n, self.sharding_groups)
+        parts = r.reshape(-1).split([m.shape[1] for m in mats])
+        for (gi, _, dtype), part in zip(bucket, parts):
+            shard = self._groups[gi].shard
+            value = part.reshape(shard.shape).to(dtype, copy=True)
+            if shard.grad is None:
+                shard.grad = value
+            else:
+                shard.grad.add_(value)
 
     def _install(self, fulls: Optional[List[List[torch.Tensor]]]) -> None:
         for gi, g in enumerate(self._groups):
@@ -340,6 +515,13 @@ class XlaFullyShardedDataParallel(nn.Module):
             self._install(None)
         self._regathered = None
         self._in_backward = False
+        if self._sync_at_end:
+            # The root's backward is over: reduce what the buckets still hold (theirs run
+            # later in the queue), then one barrier before the optimizer's ops.
+            for m in self.modules():
+                if isinstance(m, XlaFullyShardedDataParallel):
+                    m._flush_bucket()
+            _api.sync()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         root = _depth() == 0
@@ -349,6 +531,7 @@ class XlaFullyShardedDataParallel(nn.Module):
         self._install(fulls)
         reshard = (self.reshard_after_forward and torch.is_grad_enabled()
                    and not (root and self.disable_reshard_on_root))
+        self._sync_at_end = root and self.sync_on_finalization and torch.is_grad_enabled()
         _tls.depth = _depth() + 1
         try:
             self._resharded, self._regathered, self._in_backward = reshard, None, False
@@ -362,7 +545,7 @@ class XlaFullyShardedDataParallel(nn.Module):
             _tls.depth = _depth() - 1
             self._full_ids = {}
             self._install(None)  # autograd keeps what the backward needs; nothing else does
-        if torch.is_grad_enabled() and (reshard or self._checkpointed):
+        if torch.is_grad_enabled() and (reshard or self._checkpointed or self._sync_at_end):
             for t in _tensors(out):
                 if t.requires_grad:
                     t.register_hook(self._pre_backward)
@@ -423,7 +606,14 @@ class XlaFullyShardedDataParallel(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"world_size={self.world_size}, rank={self.rank}, flatten_parameters={self.flatten_parameters}, "
-                f"reshard_after_forward={self.reshard_after_forward}, compute_dtype={self.compute_dtype}")
+                f"reshard_after_forward={self.reshard_after_forward}, compute_dtype={self.compute_dtype}, "
+                f"coalesce_all_gather_ops={self.coalesce_all_gather_ops}, "
+                f"reduce_scatter_bucket_size_mb={self._bucket_bytes / (1024 * 1024):g}")
+
+
+_PIN_LAYOUT_WHY = ("every replica runs the same compiled program, so the layouts of a collective's operands "
+                   "agree on all replicas (what pinning guarantees) and no layout is constrained (what "
+                   "unpinning would relax)")
 
 
 def _tensors(x) -> List[torch.Tensor]:

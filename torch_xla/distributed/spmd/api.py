@@ -43,11 +43,11 @@ def xla_distribute_module(module: nn.Module, device_mesh=None, partition_fn: Opt
     if input_fn is not None:
         module.register_forward_pre_hook(lambda mod, inputs: input_fn(mod, inputs, device_mesh))
     if output_fn is not None:
-        module.register_forward_hook(lambda mod, inputs, outputs: output_fn(mod, outputs, device_mesh))
+        module.register_forward_hook(lambda mod, _inputs, outputs: output_fn(mod, outputs, device_mesh))
     return module
 
 
-def auto_policy(mod_name: str, mod: nn.Module, device_mesh) -> None:
+def auto_policy(mod_name: str, mod: nn.Module, device_mesh) -> None:  # noqa: ARG001 (a partition_fn's signature)
     """Leaves the layout of `mod`'s parameters to XLA (they are moved to the device)."""
     for p in mod.parameters(recurse=False):
         if p.device.type != "xla":

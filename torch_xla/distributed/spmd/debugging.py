@@ -42,9 +42,12 @@ def _parse(sharding: str):
     return out
 
 
-def visualize_sharding(sharding: str, use_color: bool = True, scale: float = 1.0, min_width: int = 9,
+def visualize_sharding(sharding: str, use_color: bool = True,
+                       scale: float = 1.0, min_width: int = 9,  # noqa: ARG001 (the original's; unused there too)
                        max_width: int = 80):
-    """A `rich` table of the device tiles of a sharding text (printed, and returned)."""
+    """A `rich` table of the device tiles of a sharding text (printed, and returned), at most
+    `max_width` columns wide. As in PyTorch/XLA, each cell fits its label: `scale` and
+    `min_width`, from which the original computes cell sizes it never applies, change nothing."""
     import rich.align
     import rich.box
     import rich.console

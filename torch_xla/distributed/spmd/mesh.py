@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 import torch_xla.runtime as xr
-from torch_xla._engine import metrics as _metrics
-from torch_xla._engine import sharding as _sh
+from torch_xla._engine import telemetry as _metrics
+from torch_xla._engine import partitioning as _sh
 
 
 PartitionSpec = Tuple[Union[int, str, None, Tuple[Union[int, str], ...]], ...]

@@ -15,8 +15,8 @@ from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_map
 
 from torch_xla._engine import executor as _executor
-from torch_xla._engine import runtime as _rt
-from torch_xla._engine import sharding as _sh
+from torch_xla._engine import pjrt as _rt
+from torch_xla._engine import partitioning as _sh
 from torch_xla._engine import tensor as _tensor
 
 from .mesh import ShardingType, sharding_type_of, spec_from_placements, xla_mesh
@@ -218,11 +218,11 @@ class _Wrap(torch.autograd.Function):
     take the sharded tensor itself (custom Functions such as module backward hooks)."""
 
     @staticmethod
-    def forward(ctx, t):
+    def forward(ctx, t):  # noqa: ARG004 (autograd.Function's signature)
         return XLAShardedTensor(t)
 
     @staticmethod
-    def backward(ctx, g):
+    def backward(ctx, g):  # noqa: ARG004 (autograd.Function's signature)
         return g.global_tensor if isinstance(g, XLAShardedTensor) else g
 
 
@@ -230,11 +230,11 @@ class _Unwrap(torch.autograd.Function):
     """Identity from a sharded tensor that autograd recorded itself to its global tensor."""
 
     @staticmethod
-    def forward(ctx, w):
+    def forward(ctx, w):  # noqa: ARG004 (autograd.Function's signature)
         return w.global_tensor.detach()
 
     @staticmethod
-    def backward(ctx, g):
+    def backward(ctx, g):  # noqa: ARG004 (autograd.Function's signature)
         return g
 
 

@@ -3,7 +3,7 @@
 A `Mesh` lays device ids out in a logical n-d array with named axes; a partition spec
 says, per tensor dimension, which mesh axes (by index or name, or a tuple of them)
 split it, `None` for none. `mark_sharding` records the annotation on the tensor; XLA's
-partitioner compiles the program with it (see `torch_xla/_engine/sharding.py`).
+partitioner compiles the program with it (see `torch_xla/_engine/partitioning.py`).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any, Optional, Union
 import torch
 
 from torch_xla._engine import mode as _mode
-from torch_xla._engine import sharding as _sh
+from torch_xla._engine import partitioning as _sh
 from torch_xla._engine import tensor as _tensor
 
 from .mesh import (HybridMesh, Mesh, OpSharding, PartitionSpec, ShardingError, ShardingType,  # noqa: F401
@@ -217,7 +217,7 @@ def _send_minibatch(t: torch.Tensor, sh) -> torch.Tensor:
     """This host's part of a global batch: dimension 0 of the global tensor is every host's
     batch, in process order."""
     from torch_xla._engine import ir as _ir
-    from torch_xla._engine import runtime as _rt
+    from torch_xla._engine import pjrt as _rt
     local = len(_rt.local_devices())
     if t.dim() == 0 or t.shape[0] % local:
         raise RuntimeError("When minibatch is configured, the per-host batch size must be divisible by local "
@@ -238,9 +238,9 @@ def apply_backward_optimization_barrier(m: torch.nn.Module) -> torch.nn.Module:
     parameters computed so far and those leaving it, so that XLA neither hoists the next
     layer's all-gathers over this layer's computation nor defers this layer's gradients
     (either would keep several layers' full buffers alive at once)."""
-    from torch_xla._engine import collectives as _coll
+    from torch_xla._engine import comm as _coll
 
-    def barrier(module, grad_input, grad_output):
+    def barrier(module, grad_input, _grad_output):
         grads = [p.grad for p in module.parameters() if p.grad is not None]
         grads += [g for g in grad_input if isinstance(g, torch.Tensor)]
         if grads:

@@ -18,8 +18,8 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from torch_xla._engine import ir
 from torch_xla._engine import mode as _mode
-from torch_xla._engine import runtime as _rt
-from torch_xla._engine import sharding as _sh
+from torch_xla._engine import pjrt as _rt
+from torch_xla._engine import partitioning as _sh
 from torch_xla._engine import tensor as _tensor
 from torch_xla._engine.executor import barrier as _barrier
 from torch_xla.distributed.spmd import XLAShard, XLAShardedTensor
@@ -137,10 +137,6 @@ def wrap_if_sharded(x: Any) -> Any:
     if isinstance(x, XLAShardedTensor) or xla_sharding(x) is None:
         return x
     return XLAShardedTensor(x)
-
-
-def _unwrap_xla_sharded_tensor(x: Any) -> Any:
-    return _global(x)
 
 
 def local_layout(t: torch.Tensor) -> List[Tuple[Any, Tuple[slice, ...], int, Tuple[int, ...]]]:

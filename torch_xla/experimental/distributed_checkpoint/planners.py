@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.planner import (LoadPlan, LoadPlanner, ReadIte
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 from torch.distributed.checkpoint.utils import find_state_dict_object
 
-from torch_xla._engine import sharding as _sh
+from torch_xla._engine import partitioning as _sh
 from torch_xla.distributed.spmd import XLAShard, XLAShardedTensor
 
 from ._helpers import (FLATTEN_MAPPING, _CpuShards, chunk_of, device_lock, fetch_pieces, flatten_state_dict,
@@ -295,7 +295,8 @@ class SPMDLoadPlanner(LoadPlanner):
     def transform_tensor(self, read_item: ReadItem, tensor: torch.Tensor) -> torch.Tensor:
         return narrow_tensor_by_index(tensor, read_item.dest_offsets, read_item.lengths)
 
-    def commit_tensor(self, read_item: ReadItem, tensor: torch.Tensor) -> None:
+    def commit_tensor(self, read_item: ReadItem,
+                      tensor: torch.Tensor) -> None:  # noqa: ARG002 (LoadPlanner's; a view of the staged buffer)
         fqn = read_item.dest_index.fqn
         staging = self._staging.get(fqn)
         if staging is None:

@@ -21,13 +21,29 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import boot, config, ir, job, mode, runtime, tensor as _tensor
+from . import boot, env_vars, ir, job, mode, pjrt, tensor as _tensor
 from .lowering import LOWERINGS
 
 ANNOTATION = "_xla_sharding"  # attribute of an annotated tensor: its NamedSharding
 # id -> weak reference of every annotated tensor (tensors compare elementwise: no WeakSet).
 _annotated: Dict[int, "weakref.ref"] = {}
-_state = {"replicated": None, "devices": None, "logical": None}
+
+
+class _Devices:
+    """The job's devices as SPMD sees them. `devices` (logical order) and `logical` (jax
+    device -> logical id): computed by the first thread that asks, without a lock (a race
+    computes the same values twice; `logical` is stored first, so a thread that sees
+    `devices` sees it too). `replicated`: SPMD's default placement, set by `enable` in the
+    thread that turns SPMD on (the user's, or the one that started jax). Read by any thread."""
+    __slots__ = ("replicated", "devices", "logical")
+
+    def __init__(self):
+        self.replicated = None
+        self.devices = None
+        self.logical = None
+
+
+_devices = _Devices()
 
 
 # ---- mode ---------------------------------------------------------------------------------
@@ -36,7 +52,7 @@ def enable() -> None:
     """Turns SPMD mode on for this process (idempotent)."""
     if mode.SPMD[0]:
         return
-    runtime.jax_module()  # may enable SPMD itself (XLA_USE_SPMD, boot's after_start)
+    pjrt.jax_module()  # may enable SPMD itself (XLA_USE_SPMD, boot's after_start)
     if mode.SPMD[0]:
         return
     if job.in_launched_child():
@@ -44,7 +60,7 @@ def enable() -> None:
             "xr.use_spmd() cannot be mixed with the multi-process replication API "
             "(torch_xla.launch / xmp.spawn): SPMD runs one program over all devices from one "
             "process per host")
-    decided = _tensor.DEVICE_INDEX[0]
+    decided = _tensor.decided_index.value
     if decided:
         # A replica of a CPU job named its device xla:<rank> before SPMD was asked for;
         # SPMD's one logical device is xla:0.
@@ -55,12 +71,12 @@ def enable() -> None:
     mode.SPMD[0] = True
     ir.DeviceData.shard_aware = True
     ir.upload_host_data_on_use()
-    rep = _state["replicated"] = replicated_sharding()
-    runtime.set_placement(rep)
+    rep = _devices.replicated = replicated_sharding()
+    pjrt.set_placement(rep)
 
 
 def _from_environment() -> None:
-    if config.get("XLA_USE_SPMD"):
+    if env_vars.get("XLA_USE_SPMD"):
         enable()
 
 
@@ -70,17 +86,18 @@ boot.after_start.append(_from_environment)
 def global_devices() -> list:
     """Every device of the job, host by host: logical device i is `global_devices()[i]`
     (jax's own ids need not be 0..n-1: a second host's CPU devices start at 2048)."""
-    if _state["devices"] is None:
-        jax = runtime.jax_module()
-        _state["devices"] = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
-        _state["logical"] = {d: i for i, d in enumerate(_state["devices"])}
-    return _state["devices"]
+    if _devices.devices is None:
+        jax = pjrt.jax_module()
+        devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+        _devices.logical = {d: i for i, d in enumerate(devices)}
+        _devices.devices = devices
+    return _devices.devices
 
 
 def logical_id(device) -> int:
     """The logical id (position in `global_devices()`) of a jax device."""
     global_devices()
-    return _state["logical"][device]
+    return _devices.logical[device]
 
 
 def replicated_sharding():
@@ -89,8 +106,8 @@ def replicated_sharding():
     Not a NamedSharding on a mesh of our own: jax expresses a program's outputs on the
     mesh of its first named input, and a private 1-d mesh cannot express the layouts of
     the user's meshes."""
-    if _state["replicated"] is not None:
-        return _state["replicated"]
+    if _devices.replicated is not None:
+        return _devices.replicated
     return gspmd(None, global_devices())
 
 
@@ -215,7 +232,7 @@ def spec_text(sharding, ndim: int) -> str:
 
 def put(host: np.ndarray, sharding):
     """Host data placed with `sharding` (replicated when the layout is uneven)."""
-    jax = runtime.jax_module()
+    jax = pjrt.jax_module()
     if not divisible(sharding, host.shape):
         sharding = replicated_sharding()
     return jax.device_put(host, sharding)
@@ -223,10 +240,10 @@ def put(host: np.ndarray, sharding):
 
 def reshard(array, sharding):
     """Device data laid out with `sharding` (replicated when the layout is uneven)."""
-    jax = runtime.jax_module()
+    jax = pjrt.jax_module()
     if not divisible(sharding, tuple(array.shape)):
         sharding = replicated_sharding()
-    if type(array) is runtime.HostArray:
+    if type(array) is pjrt.HostArray:
         return array.place(sharding)
     if array.sharding == sharding:
         return array
@@ -235,7 +252,7 @@ def reshard(array, sharding):
 
 def on_mesh(array):
     """`array` on every device: data placed before SPMD mode moves to the replicated layout."""
-    if type(array) is runtime.HostArray:
+    if type(array) is pjrt.HostArray:
         return array
     if len(array.sharding.device_set) == 1 and len(global_devices()) > 1:
         return reshard(array, replicated_sharding())
@@ -366,11 +383,23 @@ def set_array(t, array) -> None:
 # `shard_map` over the mesh (`executor/manual.py`).
 
 MANUAL = "_xla_manual"  # attribute of a tensor whose value is per-device (inside a region)
-MANUAL_USED = [False]  # a manual region was ever started (the barrier then checks its roots)
+
+
+class _ManualRegions:
+    """`used`: a manual region was ever started, so the barrier checks its roots for
+    per-device values. Set (never cleared) by the tracing thread that starts one, without
+    a lock; read by the barrier's thread (under `barrier._lock`)."""
+    __slots__ = ("used",)
+
+    def __init__(self):
+        self.used = False
+
+
+manual_regions = _ManualRegions()
 
 
 def _new(state, op: str, args: tuple, shape):
-    MANUAL_USED[0] = True
+    manual_regions.used = True
     node = _unary_node(state, op, args, shape)
     return _tensor.wrap_user(_tensor.make_tensor(node, 0, tuple(shape), state.dtype))
 

@@ -41,8 +41,8 @@ def _group_size(groups) -> int:
 def _always() -> bool:
     """XLA_ALWAYS_ALLREDUCE, read when the op is built: a static of the node, so programs
     traced with and without it never share a compiled executable."""
-    from . import config
-    return bool(config.get("XLA_ALWAYS_ALLREDUCE"))
+    from . import env_vars
+    return bool(env_vars.get("XLA_ALWAYS_ALLREDUCE"))
 
 
 def _assign(dst: torch.Tensor, value: torch.Tensor) -> None:
@@ -214,10 +214,63 @@ def rendezvous(tag: str, payload: bytes = b"", replicas=()) -> List[bytes]:
     for m in members:
         try:
             out.append(client.blocking_key_value_get_bytes(prefix + str(m), timeout_ms))
-        except Exception as e:
-            raise RuntimeError(f"rendezvous {tag!r}: replica {m} did not arrive within "
-                               f"{timeout_ms // 1000} s ({e})") from None
+        except job.service_error() as e:
+            raise RuntimeError(job.service_failure(f"rendezvous {tag!r}: waiting for replica {m}", e,
+                                                   timeout_ms / 1000)) from e
     return out
+
+
+_p2p_seq = {}
+_loopback = {}
+
+
+def _p2p_next(side: str, channel: int) -> int:
+    """Sends and receives of a channel are numbered on each side: the k-th send is the
+    k-th recv's."""
+    k = (side, channel)
+    n = _p2p_seq.get(k, 0)
+    _p2p_seq[k] = n + 1
+    return n
+
+
+def p2p_send(channel: int, value: torch.Tensor) -> None:
+    """Posts host tensor `value` as the next message of `channel` (`xm.send`); a job of
+    one replica keeps it for its own `p2p_recv`."""
+    seq = _p2p_next("send", channel)
+    payload = encode_host(value)
+    if job.world_size() <= 1:
+        _loopback[(channel, seq)] = payload
+        return
+    key = f"torch_xla/xm/p2p/{channel}/{seq}"
+    try:
+        job.kv_client().key_value_set_bytes(key, payload)
+    except job.service_error() as e:
+        raise RuntimeError(job.service_failure(f"send on channel {channel} (message {seq}; a channel id names "
+                                               f"one sender and one receiver)", e)) from e
+
+
+def p2p_recv(channel: int) -> torch.Tensor:
+    """The next message of `channel` (a host tensor), waiting up to the collective timeout."""
+    seq = _p2p_next("recv", channel)
+    if job.world_size() <= 1:
+        payload = _loopback.pop((channel, seq), None)
+        if payload is None:
+            _p2p_seq[("recv", channel)] = seq  # nothing consumed
+            raise RuntimeError(f"recv on channel {channel}: nothing was sent on it (a job of one replica "
+                               f"receives only what it sent itself)")
+        return decode_host(payload)
+    client = job.kv_client()
+    key = f"torch_xla/xm/p2p/{channel}/{seq}"
+    timeout_ms = job.collective_timeout_s() * 1000
+    try:
+        payload = client.blocking_key_value_get_bytes(key, timeout_ms)
+    except job.service_error() as e:
+        raise RuntimeError(job.service_failure(f"recv on channel {channel}", e, timeout_ms / 1000)) from e
+    try:
+        client.key_value_delete(key)
+    except job.service_error():  # only the store's tidiness is at stake: the message was read
+        pass
+    return decode_host(payload)
 
 
 def mesh_reduce(tag: str, data, reduce_fn: Callable):

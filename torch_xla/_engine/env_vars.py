@@ -129,6 +129,10 @@ _VARS = [
         "directory of the persistent compile cache (`xr.initialize_cache(path)` at import)"),
     Var("XLA_DYNAMO_DEBUG", "bool", False,
         "print what the dynamo bridge does with each FX graph (traced, compiled, run lazily)"),
+    Var("PT_XLA_PRINT_KERNELS", "str", "",
+        "`1`: print the source of each specialised kernel to stderr when it is generated (an "
+        "overload's first call, `kernels/specialise.py`); or a comma-separated list of the ops "
+        "to print, e.g. `aten::add.Tensor,mm` (with or without `aten::` and the overload)"),
     Var("TF_CPP_MIN_LOG_LEVEL", "str", "", "XLA's own C++ logging level (read by jaxlib as is)", cached=False),
     Var("TF_CPP_VMODULE", "str", "", "XLA's own per-file verbose logging (read by jaxlib as is)", cached=False),
     Var("TF_CPP_LOG_THREAD_ID", "str", "", "thread ids in XLA's own C++ logs (read by jaxlib as is)",

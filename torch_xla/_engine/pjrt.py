@@ -13,10 +13,35 @@ import numpy as np
 import ml_dtypes
 import torch
 
-from . import boot, config, job, metrics, mode, patches, tensor
+from . import boot, env_vars, job, telemetry, mode, patches, tensor
 from .platform import policy
 
-_state = {"devices": None, "platform": None, "placement": None}
+
+class _FromJax:
+    """What this process learns from jax at first use: `platform`, `devices` (this
+    process's, in ordinal order) and `annotation` (jax's `TraceAnnotation`, for `phase`).
+    Looked up by the first thread that asks, without a lock (a race looks the same value
+    up twice); read by any thread."""
+    __slots__ = ("platform", "devices", "annotation")
+
+    def __init__(self):
+        self.platform = None
+        self.devices = None
+        self.annotation = None
+
+
+class _Placement:
+    """`sharding`: where new device data goes by default (None: this process's device).
+    Set by `partitioning.enable` in the thread that turns SPMD on, before its first
+    tensor; read by any thread that transfers data."""
+    __slots__ = ("sharding",)
+
+    def __init__(self):
+        self.sharding = None
+
+
+_from_jax = _FromJax()
+_placement = _Placement()
 
 
 def jax_module():
@@ -24,36 +49,33 @@ def jax_module():
     return boot.start_jax()
 
 
-_phase = []
-
-
 def phase(name: str):
     """A profiler annotation of an engine phase (`torch_xla.debug.profiler` traces show it).
     When no trace is being captured it costs one C++ check (~0.3 us): it is used per
     barrier, compile, execution and transfer, never per traced op."""
-    if not _phase:
+    if _from_jax.annotation is None:
         if not boot.started():
             return contextlib.nullcontext()   # nothing to trace before jax runs
         from jax.profiler import TraceAnnotation
-        _phase.append(TraceAnnotation)
-    return _phase[0](name)
+        _from_jax.annotation = TraceAnnotation
+    return _from_jax.annotation(name)
 
 
 def platform() -> str:
     """The PJRT platform name in the specification's spelling: CPU, CUDA or TPU."""
-    if _state["platform"] is None:
+    if _from_jax.platform is None:
         jax = jax_module()
         p = jax.default_backend()
-        _state["platform"] = {"cpu": "CPU", "gpu": "CUDA", "cuda": "CUDA", "rocm": "ROCM", "tpu": "TPU"}.get(p, p.upper())
-    return _state["platform"]
+        _from_jax.platform = {"cpu": "CPU", "gpu": "CUDA", "cuda": "CUDA", "rocm": "ROCM", "tpu": "TPU"}.get(p, p.upper())
+    return _from_jax.platform
 
 
 def local_devices():
     """The jax devices this process owns, in ordinal order."""
-    if _state["devices"] is None:
+    if _from_jax.devices is None:
         jax = jax_module()
-        _state["devices"] = list(jax.local_devices())
-    return _state["devices"]
+        _from_jax.devices = list(jax.local_devices())
+    return _from_jax.devices
 
 
 def device_count() -> int:
@@ -71,7 +93,7 @@ def default_device():
 
 def _platform_name() -> str:
     """The platform, from PJRT_DEVICE when set (without starting jax), else jax's."""
-    chosen = config.get("PJRT_DEVICE").split("_")[0].upper()
+    chosen = env_vars.get("PJRT_DEVICE").split("_")[0].upper()
     if chosen:
         return {"GPU": "CUDA"}.get(chosen, chosen)
     return platform()
@@ -100,7 +122,7 @@ def _decide_device_index() -> int:
     index, numbered = index_rule(name, world, job.global_ordinal(), spmd)
     if numbered:
         # Every replica of such a job, whatever its index, runs the backward the same way.
-        patches.install_inline_backward()
+        patches.install("inline_backward")
     return index
 
 
@@ -173,11 +195,11 @@ def _storage_overrides(group: tuple) -> dict:
     XLA_DOWNCAST_BF16 (floats) or XLA_USE_32BIT_LONG (64-bit integers)."""
     if group is _FLOATS:
         bf16 = np.dtype(ml_dtypes.bfloat16)
-        if config.get("XLA_USE_BF16"):
+        if env_vars.get("XLA_USE_BF16"):
             return {torch.float32: bf16, torch.float64: bf16}
-        if config.get("XLA_DOWNCAST_BF16"):
+        if env_vars.get("XLA_DOWNCAST_BF16"):
             return {torch.float32: bf16, torch.float64: np.dtype(np.float32)}
-    elif config.get("XLA_USE_32BIT_LONG"):
+    elif env_vars.get("XLA_USE_32BIT_LONG"):
         return {torch.int64: np.dtype(np.int32), torch.uint64: np.dtype(np.uint32)}
     return {t: _TORCH_TO_NP[t] for t in group}
 
@@ -187,14 +209,6 @@ def _storage_overrides(group: tuple) -> dict:
 # kind gets the mapping it asked for. Fixed from then on, as tensors already on the device
 # were stored with it.
 _DEVICE_DTYPE = {k: v for k, v in _TORCH_TO_NP.items() if k not in _FLOATS + _LONGS}
-
-
-def refresh_dtype_overrides() -> None:
-    """Re-reads XLA_USE_BF16 / XLA_DOWNCAST_BF16 / XLA_USE_32BIT_LONG (for tests that set
-    them at run time)."""
-    config.reload()
-    for t in _FLOATS + _LONGS:
-        _DEVICE_DTYPE.pop(t, None)
 
 
 def device_dtype(dtype: torch.dtype) -> np.dtype:
@@ -296,32 +310,32 @@ class HostArray:
 
     def place(self, sharding=None):
         """The data on the devices, laid out as `sharding` (default: replicated)."""
-        metrics.inc("VirtualDeviceUsage")
-        with metrics.timed("TransferToDeviceTime"):
+        telemetry.inc("VirtualDeviceUsage")
+        with telemetry.timed("TransferToDeviceTime"):
             return jax_module().device_put(self.host, sharding or self.sharding)
 
 
 def set_placement(sharding) -> None:
     """Where new device data goes by default (SPMD: replicated over every device, placed
     at its first use)."""
-    _state["placement"] = sharding
+    _placement.sharding = sharding
 
 
 def put(host: np.ndarray, device=None):
     """Starts an asynchronous host-to-device transfer; returns the jax.Array (in SPMD mode
     without an explicit placement: a `HostArray`, transferred at first use)."""
-    if device is None and _state["placement"] is not None:
-        return HostArray(host, _state["placement"])
+    if device is None and _placement.sharding is not None:
+        return HostArray(host, _placement.sharding)
     jax = jax_module()
-    with phase("torch_xla::transfer_to_device"), metrics.timed("TransferToDeviceTime"):
+    with phase("torch_xla::transfer_to_device"), telemetry.timed("TransferToDeviceTime"):
         return jax.device_put(host, device or default_device())
 
 
 def fetch(array) -> np.ndarray:
     """Waits for a device buffer and copies it to the host (a sharded one is gathered)."""
-    if _state["placement"] is not None and type(array) is not HostArray and len(array.sharding.device_set) > 1:
+    if _placement.sharding is not None and type(array) is not HostArray and len(array.sharding.device_set) > 1:
         # Data of the SPMD device (sharded or replicated) read back as one tensor.
-        metrics.inc("ReplicateShardedData")
+        telemetry.inc("ReplicateShardedData")
         if not array.is_fully_replicated and not array.is_fully_addressable:
             # Other hosts hold some pieces: gather them (every host calls this together).
             from jax.experimental import multihost_utils
@@ -336,8 +350,11 @@ def wait_all_buffers() -> None:
     for a in jax.live_arrays():
         try:
             a.block_until_ready()
-        except Exception:
-            pass
+        except jax.errors.JaxRuntimeError:
+            # A buffer donated (another thread's step) since live_arrays() listed it has
+            # nothing left to wait for; a failed execution is raised.
+            if not a.is_deleted():
+                raise
 
 
 def memory_info(device=None) -> dict:
@@ -346,7 +363,7 @@ def memory_info(device=None) -> dict:
     stats = None
     try:
         stats = dev.memory_stats()
-    except Exception:
+    except jax_module().errors.JaxRuntimeError:  # a platform without allocator statistics
         stats = None
     if stats:
         used = int(stats.get("bytes_in_use", 0))

@@ -16,6 +16,8 @@ import time
 from collections import deque
 from typing import Dict, List, Optional, Tuple
 
+from . import patches
+
 MAX_SAMPLES = 1024
 _lock = threading.Lock()
 
@@ -149,16 +151,18 @@ def add_sample_when_ready(name: str, t0: int, array) -> None:
     """Adds `perf_counter_ns() - t0` to metric `name` once `array` (a device buffer, or
     anything with `block_until_ready()`) holds its value."""
     if not _waiter:
-        with _lock:
-            if not _waiter:
-                th = threading.Thread(target=_wait_loop, name="xla-metrics-ready", daemon=True)
-                th.start()
-                _waiter.append(th)
-                # Registered after jax started, so it runs before jax's own exit handlers:
-                # a thread still inside block_until_ready when the interpreter finalizes
-                # would abort the process.
-                atexit.register(_stop_waiter)
+        patches.install("metrics_ready_thread")
     _until_ready.put((name, t0, array))
+
+
+def start_waiter() -> None:
+    """Patch `metrics_ready_thread`: the thread that waits for results, and its exit hook."""
+    th = threading.Thread(target=_wait_loop, name="xla-metrics-ready", daemon=True)
+    th.start()
+    _waiter.append(th)
+    # Registered after jax started, so it runs before jax's own exit handlers: a thread
+    # still inside block_until_ready when the interpreter finalizes would abort the process.
+    atexit.register(_stop_waiter)
 
 
 def _stop_waiter() -> None:
