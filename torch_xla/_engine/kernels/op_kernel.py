@@ -71,47 +71,42 @@ class OpKernel:
         self.op_count = telemetry.cell("xla::" + op._schema.name.rpartition("::")[2])
 
     def __call__(self, *args, **kwargs):
-        """The generic kernel, timed as `LazyTracing` (the specialised fast path is not
-        timed: it is counted by `xla::<op>` only)."""
+        """The generic kernel, timed as `LazyTracing` (the specialised kernels are counted
+        by `xla::<op>` only): each argument's step (`plan.Step.run`), the shape entry, then
+        the node. One function with the usual calls' branches inline: this path is taken
+        by every op the specialised kernels leave or do not have."""
         t0 = _now()
         try:
-            return self.trace(*args, **kwargs)
+            low = self.low
+            if low.alias:
+                return self._alias(args, kwargs)
+            if kwargs or len(args) < self.nargs:
+                args = self._in_schema_order(args, kwargs)
+            key, argv, ops, scalars = [self.name], [], [], []
+            for run, v in zip(self.runs, args):
+                run(v, key, argv, ops, scalars)
+            key = tuple(key)
+            entry = self.cache.get(key)
+            if entry is None:
+                entry = self._infer(key, args)
+            if entry.fallback:
+                return fallback.cpu_fallback(self.op, args, {})
+            if scalars:
+                add_params(scalars, entry.common, argv, ops)
+            if low.random:
+                _add_seed(argv, ops)
+            self.op_count[0] += 1
+            ops, argv = tuple(ops), tuple(argv)
+            # ir.Node without the class call, as the specialised kernels make it
+            node = ir.make_node(self.name, ops, argv, entry.avals, low, entry.common if low.promote else None,
+                                ir.node_hash(entry.base, argv, ops))
+            if entry.structure == "one" and not EAGER[0]:
+                shape, dtype = entry.avals[0]
+                out = make_tensor(node, 0, shape, dtype)
+                return wrap_user(out) if self.is_factory else out
+            return self._outputs(node, entry)
         finally:
             telemetry.add_sample("LazyTracing", _now() - t0)
-
-    # -- the generic path ------------------------------------------------------------
-    def trace(self, *args, **kwargs):
-        """Each argument's step (`plan.Step.run`), the shape entry, then the node. The
-        usual calls' branches are inline: this path is taken for every op the
-        specialised kernels leave or do not have."""
-        low = self.low
-        if low.alias:
-            return self._alias(args, kwargs)
-        if kwargs or len(args) < self.nargs:
-            args = self._in_schema_order(args, kwargs)
-        key, argv, ops, scalars = [self.name], [], [], []
-        for run, v in zip(self.runs, args):
-            run(v, key, argv, ops, scalars)
-        key = tuple(key)
-        entry = self.cache.get(key)
-        if entry is None:
-            entry = self._infer(key, args)
-        if entry.fallback:
-            return fallback.cpu_fallback(self.op, args, {})
-        if scalars:
-            add_params(scalars, entry.common, argv, ops)
-        if low.random:
-            _add_seed(argv, ops)
-        self.op_count[0] += 1
-        ops, argv = tuple(ops), tuple(argv)
-        # ir.Node without the class call, as the specialised kernels make it
-        node = ir.make_node(self.name, ops, argv, entry.avals, low, entry.common if low.promote else None,
-                            ir.node_hash(entry.base, argv, ops))
-        if entry.structure == "one" and not EAGER[0]:
-            shape, dtype = entry.avals[0]
-            out = make_tensor(node, 0, shape, dtype)
-            return wrap_user(out) if self.is_factory else out
-        return self._outputs(node, entry)
 
     def _in_schema_order(self, args: tuple, kwargs: dict) -> list:
         """Every argument, positionally (defaults for those not given)."""

@@ -2,7 +2,7 @@
 the per-op path from which every kernel of the overload is derived.
 
 A step says what its argument is to the engine, and how each kernel handles it:
-- `run`: the generic kernel (`op_kernel.OpKernel.trace`) calls it for the argument's
+- `run`: the generic kernel (`op_kernel.OpKernel.__call__`) calls it for the argument's
   value: its parts of the cache key, its node argument, its operands;
 - `general`: the lines the specialised kernel (`specialise.py`) has for it in its general
   layer (any XLA tensor or Python number);

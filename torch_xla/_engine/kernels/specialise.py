@@ -1,6 +1,6 @@
 """Specialised kernels: straight-line Python generated per overload from its argument plan.
 
-The generic kernel (`op_kernel.OpKernel.trace`) runs the plan's steps one by one on every
+The generic kernel (`op_kernel.OpKernel.__call__`) runs the plan's steps one by one on every
 call. On an op's first call, `specialise` generates straight-line code for that overload
 from the same steps (`plan.Step.general`, `plan.Step.common`), building the same cache
 key and node, and registers it in place of the stub. It has two layers, each handing
