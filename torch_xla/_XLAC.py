@@ -15,7 +15,7 @@ from ._engine.tensor import state_of
 
 def _roots(tensors: Optional[List[torch.Tensor]]):
     from ._engine import mode, partitioning
-    if mode.SPMD[0]:
+    if mode.modes.spmd:
         # The constraints the next barrier adds (annotated tensors updated since they were
         # annotated keep their layout): the dumps show the program that will run.
         partitioning.constrain_annotated()
@@ -140,7 +140,7 @@ def _get_xla_tensor_debug_info(t: torch.Tensor) -> str:
         return "Not a XLATensor\n"
     s = state_of(g)
     lines = ["XLATensor {", f"TensorID: {id(s)}",
-             f"Device: {'SPMD:0' if _mode.SPMD[0] else g.device}",
+             f"Device: {'SPMD:0' if _mode.modes.spmd else g.device}",
              f"XLA Shape: {_dt(s.dtype)}[{','.join(map(str, s.shape))}]"]
     from ._engine import pjrt as _rt
     if type(s.node) is ir.DeviceData and type(s.node.array) is _rt.HostArray:
@@ -152,12 +152,12 @@ def _get_xla_tensor_debug_info(t: torch.Tensor) -> str:
         return "\n".join(lines) + "\n"
     if type(s.node) is ir.DeviceData:
         arr = s.node.array
-        sharded = _mode.SPMD[0] and len(arr.sharding.device_set) > 1
+        sharded = _mode.modes.spmd and len(arr.sharding.device_set) > 1
         # A program's result has no IR; transferred data is a device-data leaf.
         lines.append("IR: None" if s.node.computed else "IR: xla::device_data")
         lines.append("XLAShardedData" if sharded else "XLAData:")
         lines.append(f"  Data Handle: {'Deleted' if arr.is_deleted() else id(arr)}")
-        lines.append(f"  Data Device: {'SPMD:0' if _mode.SPMD[0] else g.device}")
+        lines.append(f"  Data Device: {'SPMD:0' if _mode.modes.spmd else g.device}")
         lines.append(f"  Data Shape: {_dt(s.dtype)}[{','.join(map(str, s.shape))}]")
         if sharded:
             sh = _sh.annotation(g) or arr.sharding

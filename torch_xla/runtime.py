@@ -116,7 +116,7 @@ def use_spmd(auto: Optional[bool] = False) -> None:
 
 def is_spmd() -> bool:
     """Whether SPMD mode is on (`use_spmd()` sets `XLA_USE_SPMD`, which this reads)."""
-    return _mode.SPMD[0] and bool(_config.get("XLA_USE_SPMD"))
+    return _mode.modes.spmd and bool(_config.get("XLA_USE_SPMD"))
 
 
 def addressable_runtime_device_count() -> int:

@@ -1,8 +1,7 @@
 """Execution modes: eager or lazy tracing, and SPMD.
 
 Eager mode runs each op as it is traced (`torch_xla.experimental.eager_mode`); a
-`torch_xla.compile`d function traces lazily whatever the default. The flags are plain
-lists because the kernels' hot path reads them on every op.
+`torch_xla.compile`d function traces lazily whatever the default.
 """
 from __future__ import annotations
 
@@ -12,11 +11,23 @@ from typing import Iterator
 
 from . import env_vars
 
-# SPMD[0]: one program over all devices (`xr.use_spmd()`), partitioned by XLA.
-SPMD = [False]
-# EAGER[0]: run ops as they are traced now; EAGER_DEFAULT[0]: the mode outside lazy scopes.
-EAGER = [False]
-EAGER_DEFAULT = [False]
+
+class _Modes:
+    """The process's modes, read by the kernels on every op (one slot read, no lock).
+
+    `spmd`: one program over all devices (`xr.use_spmd()`), partitioned by XLA; set once,
+    by `partitioning.enable`, before the first tensor. `eager`: run ops as they are traced
+    now; `eager_default`: the mode outside lazy scopes. Both written by the thread that
+    calls `set_eager` or enters `lazy_scope` (a process-wide setting, as in PyTorch/XLA)."""
+    __slots__ = ("spmd", "eager", "eager_default")
+
+    def __init__(self):
+        self.spmd = False
+        self.eager = False
+        self.eager_default = False
+
+
+modes = _Modes()
 
 
 class _Depth(threading.local):
@@ -28,27 +39,27 @@ _depth = _Depth()
 
 def set_eager(enable: bool) -> None:
     """Sets the default execution mode: eager (True) or lazy (False)."""
-    EAGER_DEFAULT[0] = bool(enable)
-    EAGER[0] = bool(enable) and _depth.lazy == 0
+    modes.eager_default = bool(enable)
+    modes.eager = bool(enable) and _depth.lazy == 0
 
 
 def is_eager_default() -> bool:
-    return EAGER_DEFAULT[0]
+    return modes.eager_default
 
 
 @contextlib.contextmanager
 def lazy_scope() -> Iterator[None]:
     """Traces lazily inside the block, whatever the default mode."""
     _depth.lazy += 1
-    saved = EAGER[0]
-    EAGER[0] = False
+    saved = modes.eager
+    modes.eager = False
     try:
         yield
     finally:
         _depth.lazy -= 1
-        EAGER[0] = saved if _depth.lazy else EAGER_DEFAULT[0]
+        modes.eager = saved if _depth.lazy else modes.eager_default
 
 
 def spmd_requested() -> bool:
     """Whether SPMD mode is on or was asked for (`XLA_USE_SPMD`)."""
-    return SPMD[0] or bool(env_vars.get("XLA_USE_SPMD"))
+    return modes.spmd or bool(env_vars.get("XLA_USE_SPMD"))

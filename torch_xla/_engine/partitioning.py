@@ -50,10 +50,10 @@ _devices = _Devices()
 
 def enable() -> None:
     """Turns SPMD mode on for this process (idempotent)."""
-    if mode.SPMD[0]:
+    if mode.modes.spmd:
         return
     pjrt.jax_module()  # may enable SPMD itself (XLA_USE_SPMD, boot's after_start)
-    if mode.SPMD[0]:
+    if mode.modes.spmd:
         return
     if job.in_launched_child():
         raise RuntimeError(
@@ -68,7 +68,7 @@ def enable() -> None:
             raise RuntimeError(f"xr.use_spmd() must come before this process's first xla tensor: its "
                                f"tensors are on xla:{decided}, while SPMD's one device is xla:0")
         _tensor.set_device_index(None)
-    mode.SPMD[0] = True
+    mode.modes.spmd = True
     ir.DeviceData.shard_aware = True
     ir.upload_host_data_on_use()
     rep = _devices.replicated = replicated_sharding()

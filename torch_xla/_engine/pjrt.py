@@ -81,7 +81,7 @@ def local_devices():
 def device_count() -> int:
     """The `xla:N` devices this process shows: its devices, or one virtual device in SPMD
     mode (where a program spans all of them)."""
-    return 1 if mode.SPMD[0] else len(local_devices())
+    return 1 if mode.modes.spmd else len(local_devices())
 
 
 def default_device():

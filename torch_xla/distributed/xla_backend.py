@@ -83,7 +83,7 @@ class SpmdProcessGroupError(RuntimeError, AssertionError):
 
 
 def _refuse_in_spmd() -> None:
-    if _mode.SPMD[0]:
+    if _mode.modes.spmd:
         raise SpmdProcessGroupError(
             "the 'xla' process group is for one process per device (torch_xla.launch / xmp.spawn); in SPMD "
             "mode (xr.use_spmd()) one program spans every device: annotate tensors with mark_sharding instead")

@@ -183,7 +183,7 @@ def sync(wait: bool = False, states: Optional[List[XlaState]] = None) -> None:
             checks.poll(block=False)  # earlier programs' index checks, if they have finished
         if states is None:
             telemetry.inc("MarkStep")
-        if mode.SPMD[0]:
+        if mode.modes.spmd:
             partitioning.constrain_annotated()
         live = pending.take_live() if states is None else states
         if live:

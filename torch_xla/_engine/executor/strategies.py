@@ -159,7 +159,7 @@ SPMD = Spmd()
 
 def for_graph(graph: Graph):
     """The strategy of a walked graph."""
-    if mode.SPMD[0]:
+    if mode.modes.spmd:
         return SPMD
     if graph.has_collective and job.is_multiprocess():
         return REPLICATED

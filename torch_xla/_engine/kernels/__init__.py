@@ -130,7 +130,7 @@ def engine_op(name: str, inputs: Sequence[torch.Tensor], statics: tuple,
     node = ir.Node(name, tuple(operands), args, tuple((tuple(sh), dt) for sh, dt in avals),
                    LOWERINGS[name], None)
     outs = [make_tensor(node, i, tuple(sh), dt) for i, (sh, dt) in enumerate(avals)]
-    if mode.EAGER[0] and outs:
+    if mode.modes.eager and outs:
         # Eager mode runs an engine op (a collective, a barrier, ...) as it runs any other op.
         executor.execute([o._xla for o in outs], metric="EagerOpExecuteTime")
     return [wrap_user(o) for o in outs]

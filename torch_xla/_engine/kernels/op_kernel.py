@@ -17,7 +17,7 @@ import torch
 
 from .. import executor, ir, telemetry, rng
 from ..lowering import Lowering
-from ..mode import EAGER
+from ..mode import modes
 from ..tensor import is_functional, make_alias, make_tensor, state_of, wrap_user
 from . import fallback, shapes, values
 from .shapes import ShapeEntry
@@ -100,7 +100,7 @@ class OpKernel:
             # ir.Node without the class call, as the specialised kernels make it
             node = ir.make_node(self.name, ops, argv, entry.avals, low, entry.common if low.promote else None,
                                 ir.node_hash(entry.base, argv, ops))
-            if entry.structure == "one" and not EAGER[0]:
+            if entry.structure == "one" and not modes.eager:
                 shape, dtype = entry.avals[0]
                 out = make_tensor(node, 0, shape, dtype)
                 return wrap_user(out) if self.is_factory else out
@@ -152,7 +152,7 @@ class OpKernel:
     def _outputs(self, node, entry):
         """The result tensors of a node with several outputs, or in eager mode."""
         outs = [None if a is None else make_tensor(node, i, a[0], a[1]) for i, a in enumerate(entry.avals)]
-        if EAGER[0]:
+        if modes.eager:
             executor.execute([o._xla for o in outs if o is not None], metric="EagerOpExecuteTime")
         if self.is_factory:
             outs = [wrap_user(o) if o is not None else None for o in outs]

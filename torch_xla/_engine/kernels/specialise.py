@@ -26,7 +26,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from .. import env_vars, ir, tensor
-from ..mode import EAGER
+from ..mode import modes
 from ..tensor import make_tensor
 from . import library
 from .op_kernel import OpKernel
@@ -110,7 +110,7 @@ def _namespace(k: OpKernel) -> dict:
     low = k.low
     create = tensor.creation_function()
     return {"generic": k.__call__, "outputs": k._outputs, "cache": k.cache, "one": k.one,
-            "make_tensor": make_tensor, "Tensor": torch.Tensor, "REFS": REFS, "EAGER": EAGER, "freeze": freeze,
+            "make_tensor": make_tensor, "Tensor": torch.Tensor, "REFS": REFS, "MODES": modes, "freeze": freeze,
             "NOSPECIAL": NO_SPECIAL_SCALARS, "NAME": k.name, "LOW": low, "PROMOTE": low.promote,
             "COUNT": k.op_count, "copysign": math.copysign, "make_node": ir.make_node,
             "scalar_param": ir.scalar_param, "NEW": object.__new__, "Node": ir.Node, "RECORDING": ir.recording,
@@ -153,7 +153,7 @@ def _general(k: OpKernel) -> List[str]:
         step.general(src)
     return (_fetch(src) + [f"_ops = [{', '.join(src.ops)}]", f"_hx = [{', '.join(src.hx)}]"] + src.lines
             + [f"_entry = cache.get(({', '.join(src.key)},))",
-               "if _entry is None or _entry.fallback or EAGER[0]:", "    " + src.leave,
+               "if _entry is None or _entry.fallback or MODES.eager:", "    " + src.leave,
                f"_argv = [{', '.join(src.argv)}]"] + src.late
             + ["COUNT[0] += 1", "_argv = tuple(_argv)",
                "_node = make_node(NAME, tuple(_ops), _argv, _entry.avals, LOW, _entry.common if PROMOTE else None,"
@@ -217,7 +217,7 @@ def _common_case(k: OpKernel, ns: dict) -> Optional[List[str]]:
         keys = [x for part in src.key for x in (key if part is branch else [part])]
         argv = [arg if a is branch else a for a in src.argv]
         ops, hxs = src.ops + [op] * (op is not None), src.hx + [hx] * (hx is not None)
-        out = [f"_entry = one.get(({', '.join(keys)},))", "if _entry is None or EAGER[0]:", "    " + src.leave]
+        out = [f"_entry = one.get(({', '.join(keys)},))", "if _entry is None or MODES.eager:", "    " + src.leave]
         out += after_lookup
         out += ["COUNT[0] += 1", f"_argv = ({''.join(a + ', ' for a in argv)})"]
         # ir.make_node and tensor.make_tensor, inline: this is the path of most traced ops

@@ -22,7 +22,7 @@ from .xla_sharded_tensor import XLAShardedTensor
 from .._patched_linear import XLAPatchedLinear, apply_xla_patch_to_nn_linear, xla_patched_nn_linear_forward  # noqa: F401
 
 def _require_spmd(what: str) -> None:
-    if not _mode.SPMD[0]:
+    if not _mode.modes.spmd:
         raise RuntimeError(f"{what} needs SPMD mode: call torch_xla.runtime.use_spmd() first")
 
 

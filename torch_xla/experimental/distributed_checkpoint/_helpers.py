@@ -118,7 +118,7 @@ def is_xla_tensor(t: Any) -> bool:
 
 def xla_sharding(t: Any):
     """The sharding of xla tensor `t` if it is split over several devices, else None."""
-    if not _mode.SPMD[0] or not is_xla_tensor(t):
+    if not _mode.modes.spmd or not is_xla_tensor(t):
         return None
     g = _global(t)
     sh = _sh.annotation(g) or _sh.data_sharding(g)
