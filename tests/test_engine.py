@@ -536,3 +536,19 @@ def test_dynamo_stand_in_hands_over_once_dynamo_is_imported():
     assert real is not stand_in and callable(real)
     assert wrapped(torch.tensor([3.0])).tolist() == [6.0]
     assert getattr(double, "__dynamo_disable") is real  # built once, not per call
+
+
+def test_cpu_fallback_of_a_lowered_op_passes_keyword_only_arguments_by_name():
+    # A lowered op whose shape entry falls back to the CPU gets its arguments in schema
+    # order; the keyword-only ones (scatter_reduce's include_self) go to the op by name.
+    from torch_xla._engine.kernels import KERNELS
+    k = KERNELS["scatter_reduce.two"]
+    assert k.kwarg_only == ("include_self",)
+    src = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    index = torch.tensor([[0, 1, 0], [1, 0, 1]])
+    base = torch.full((2, 3), 10.0)
+    want = base.scatter_reduce(0, index, src, "amax", include_self=False)
+    dev = xm.xla_device()
+    inner = [torch._from_functional_tensor(t.to(dev)) for t in (base, index, src)]
+    out = k._fallback([inner[0], 0, inner[1], inner[2], "amax", False])
+    assert torch.equal(out.cpu(), want)

@@ -60,6 +60,8 @@ class OpKernel:
         self.signature = plan.signature
         self.nargs = plan.nargs
         self.is_factory = plan.is_factory
+        # Keyword-only arguments come last in a schema: the CPU fallback passes them by name.
+        self.kwarg_only = tuple(a.name for a in op._schema.arguments if a.kwarg_only)
         # The steps' `run`s, bound once: the generic kernel calls one per argument.
         self.runs = tuple(step.run for step in plan.steps)
         self.cache: Dict[Any, ShapeEntry] = {}
@@ -90,7 +92,7 @@ class OpKernel:
             if entry is None:
                 entry = self._infer(key, args)
             if entry.fallback:
-                return fallback.cpu_fallback(self.op, args, {})
+                return self._fallback(args)
             if scalars:
                 add_params(scalars, entry.common, argv, ops)
             if low.random:
@@ -117,6 +119,12 @@ class OpKernel:
         for k, v in kwargs.items():
             args[self.index_of[k]] = v
         return args
+
+    def _fallback(self, args):
+        """The CPU fallback of the op with `args` (every argument, in schema order): the
+        keyword-only ones by name, as the op takes them."""
+        n = len(args) - len(self.kwarg_only)
+        return fallback.cpu_fallback(self.op, list(args[:n]), dict(zip(self.kwarg_only, args[n:])))
 
     def _infer(self, key: tuple, args) -> ShapeEntry:
         """The shape entry of `key`, on its first call (`shapes.infer`)."""
