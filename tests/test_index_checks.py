@@ -5,6 +5,7 @@ line that created it."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 import pytest
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 
 import torch_xla
 import torch_xla.core.xla_model as xm
+import torch_xla.debug.metrics as met
 from torch_xla._engine import env_vars, executor, launcher, pjrt
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -249,3 +251,241 @@ def test_indexing_that_reads_nothing_checks_nothing():
     assert got.cpu().shape == out.shape
     e = torch.zeros(3, 0)
     assert e.to("xla")[torch.tensor([9], device="xla")].cpu().shape == e[torch.tensor([9])].shape
+
+
+
+# ---- the line of this run's call ------------------------------------------------------------
+
+def _counter(name):
+    return met.counter_value(name) or 0
+
+
+def _note(e):
+    return "".join(getattr(e, "__notes__", []))
+
+
+def test_note_names_this_runs_line_when_the_program_is_cached():
+    """Two call sites build the same graph: the second runs the executable traced for the
+    first, and its error names the second's line, not the first trace's."""
+    cerr = _cpu_error_of(lambda: torch.arange(4.0)[torch.tensor([7])])
+    x = torch.arange(4.0, device="xla")
+    xm.mark_step()
+    first = x[torch.tensor([7], device="xla")]; line_a = sys._getframe().f_lineno  # noqa: E702
+    with pytest.raises(IndexError) as ei:
+        first.cpu()
+    assert str(ei.value) == str(cerr)
+    assert f"(created at {__file__}:{line_a})" in _note(ei.value)
+    cached = _counter("CachedCompile")
+    second = x[torch.tensor([9], device="xla")]; line_b = sys._getframe().f_lineno  # noqa: E702
+    with pytest.raises(IndexError) as ei:
+        second.cpu()
+    assert _counter("CachedCompile") == cached + 1   # the same program, not traced again
+    assert str(ei.value) == str(_cpu_error_of(lambda: torch.arange(4.0)[torch.tensor([9])]))
+    assert f"(created at {__file__}:{line_b})" in _note(ei.value)
+
+
+def test_division_note_names_this_runs_line_when_the_program_is_cached():
+    a = torch.tensor([5, 6], device="xla")
+    xm.mark_step()
+    good = a // torch.tensor([2, 3], device="xla")
+    torch.testing.assert_close(good.cpu(), torch.tensor([5, 6]) // torch.tensor([2, 3]))
+    cached = _counter("CachedCompile")
+    bad = a // torch.tensor([2, 0], device="xla"); here = sys._getframe().f_lineno  # noqa: E702
+    cerr = _cpu_error_of(lambda: torch.tensor([5, 6]) // torch.tensor([2, 0]))
+    with pytest.raises(type(cerr)) as ei:
+        bad.cpu()
+    assert _counter("CachedCompile") == cached + 1
+    assert str(ei.value) == str(cerr)
+    assert f"raised by aten::floor_divide (created at {__file__}:{here})" in _note(ei.value)
+
+
+@pytest.fixture
+def persistent_cache(tmp_path, monkeypatch):
+    from torch_xla._engine.executor import persistent
+    monkeypatch.setattr(persistent._cache, "warned", False)
+    persistent.configure(str(tmp_path / "cache"))
+    executor.clear_cache()
+    try:
+        yield
+    finally:
+        persistent.configure(None)
+        executor.clear_cache()
+
+
+def test_note_names_this_runs_line_for_a_program_from_the_persistent_cache(persistent_cache):
+    """A program loaded from the disk cache was traced by another process (here: before
+    the in-memory cache was emptied); its one checked op is this run's."""
+    x = torch.arange(4.0, device="xla")
+    xm.mark_step()
+    x[torch.tensor([1], device="xla")].cpu()
+    executor.clear_cache()
+    hits = _counter("PersistentCacheHit")
+    bad = x[torch.tensor([7], device="xla")]; here = sys._getframe().f_lineno  # noqa: E702
+    with pytest.raises(IndexError) as ei:
+        bad.cpu()
+    assert _counter("PersistentCacheHit") == hits + 1
+    assert f"(created at {__file__}:{here})" in _note(ei.value)
+
+
+# ---- integer division by zero ---------------------------------------------------------------
+
+def _division_cases(dev):
+    a = torch.tensor([7, -7, 5, 0], device=dev)
+    b = torch.tensor([2, 0, -3, 1], device=dev)
+    return {
+        "div_trunc": lambda: torch.div(a, b, rounding_mode="trunc"),
+        "div_floor": lambda: torch.div(a, b, rounding_mode="floor"),
+        "floordiv_operator": lambda: a // b,
+        "floor_divide": lambda: torch.floor_divide(a, b),
+        "mod_operator": lambda: a % b,
+        "remainder": lambda: torch.remainder(a, b),
+        "fmod": lambda: torch.fmod(a, b),
+        "div_trunc_scalar": lambda: torch.div(a, 0, rounding_mode="trunc"),
+        "div_floor_scalar": lambda: torch.div(a, 0, rounding_mode="floor"),
+        "floordiv_scalar": lambda: a // 0,
+        "mod_scalar": lambda: a % 0,
+        "fmod_scalar": lambda: torch.fmod(a, 0),
+        "rfloordiv": lambda: 5 // b,
+        "rmod": lambda: 5 % b,
+        "zero_dim_divisor": lambda: a % torch.tensor(0, device=dev),
+        "int32": lambda: a.int() // b.int(),
+        "uint8": lambda: torch.remainder(a.abs().to(torch.uint8), b.abs().to(torch.uint8)),
+        "broadcast": lambda: a.reshape(4, 1) // b,
+        "floor_divide_inplace": lambda: a.clone().floor_divide_(b),
+        "remainder_inplace": lambda: a.clone().remainder_(b),
+        "fmod_inplace": lambda: a.clone().fmod_(b),
+        "div_inplace": lambda: a.clone().div_(b, rounding_mode="floor"),
+    }
+
+
+DIVISIONS = sorted(_division_cases("cpu"))
+
+
+@pytest.mark.parametrize("name", DIVISIONS)
+def test_integer_division_by_zero_raises_cpu_error_at_host_read(name):
+    cerr = _cpu_error_of(_division_cases("cpu")[name])
+    out = _division_cases("xla")[name]()   # the divisor is data: nothing raised while tracing
+    with pytest.raises(Exception) as ei:
+        out.cpu()
+    assert type(ei.value) is type(cerr)
+    assert str(ei.value) == str(cerr)
+    assert "raised by aten::" in _note(ei.value) and f"{__file__}:" in _note(ei.value)
+
+
+def test_division_error_surfaces_with_the_index_errors():
+    """Both kinds are checks of one program, raised at the same points (here the next
+    barrier, then wait_device_ops); a program failing both raises the first it lowered."""
+    a = torch.tensor([4, 9], device="xla")
+    q = a % torch.tensor([0, 2], device="xla")  # noqa: F841
+    xm.mark_step()
+    pjrt.wait_all_buffers()
+    with pytest.raises(RuntimeError) as ei:
+        xm.mark_step()
+    assert str(ei.value) == "ZeroDivisionError"
+    y = torch.arange(4.0, device="xla")[torch.tensor([9], device="xla")]  # noqa: F841
+    q = a // torch.tensor([0, 2], device="xla")  # noqa: F841
+    xm.mark_step()
+    with pytest.raises(IndexError, match="index 9 is out of bounds"):
+        xm.wait_device_ops()
+    xm.wait_device_ops()  # nothing left to report
+
+
+def _valid_divisions(dev):
+    a = torch.tensor([7, -7, 5, -5, 0], device=dev)
+    b = torch.tensor([2, 2, -3, -3, 4], device=dev)
+    return [torch.div(a, b, rounding_mode="trunc"), torch.div(a, b, rounding_mode="floor"), a // b, a % b,
+            torch.fmod(a, b), 7 // b, -7 % b, a.int() % b.int()]
+
+
+def test_integer_division_with_nonzero_divisors_matches_cpu():
+    for want, got in zip(_valid_divisions("cpu"), _valid_divisions("xla")):
+        torch.testing.assert_close(got.cpu(), want)
+
+
+def _by_zero_not_an_error(dev):
+    f = torch.tensor([1.0, -1.0, 0.0, 2.5], device=dev)
+    i = torch.tensor([1, -1, 0, 2], device=dev)
+    z = torch.zeros(4, device=dev)
+    return [f / 0, f // 0, f % 0, torch.fmod(f, 0), f // z, f % z, torch.fmod(f, z),
+            torch.div(f, z, rounding_mode="trunc"), torch.div(f, z, rounding_mode="floor"),
+            torch.div(i, torch.zeros(4, dtype=torch.long, device=dev)),  # true division of integers: a float
+            i // z,  # an integer by a float zero: a float division
+            torch.empty(0, dtype=torch.long, device=dev) // torch.tensor([0], device=dev),  # nothing computed
+            torch.empty(2, 0, dtype=torch.long, device=dev) % torch.tensor([[0], [1]], device=dev)]
+
+
+def test_float_division_by_zero_is_not_an_error():
+    """inf and nan as on the CPU; an integer division computing no element checks nothing."""
+    for want, got in zip(_by_zero_not_an_error("cpu"), _by_zero_not_an_error("xla")):
+        torch.testing.assert_close(got.cpu(), want, equal_nan=True)
+    xm.wait_device_ops()
+
+
+def test_division_checks_off(monkeypatch):
+    monkeypatch.setenv("XLA_CHECK_INDICES", "0")
+    env_vars.reload()
+    executor.clear_cache()
+    try:
+        a, b = torch.tensor([7, -7, 5]), torch.tensor([2, 0, -3])
+        got = (a.to("xla") // b.to("xla")).cpu()   # no error: XLA's value where the divisor is 0
+        want = a // torch.tensor([2, 1, -3])
+        torch.testing.assert_close(got[[0, 2]], want[[0, 2]])
+        xm.wait_device_ops()
+    finally:
+        monkeypatch.delenv("XLA_CHECK_INDICES")
+        env_vars.reload()
+        executor.clear_cache()
+
+
+# ---- the last step before exit --------------------------------------------------------------
+
+_LAST_STEP = """\
+import atexit
+import sys
+
+atexit.register(lambda: print("handler registered before: ran", flush=True))
+import torch
+import torch_xla.core.xla_model as xm
+
+case, log = sys.argv[1], open(sys.argv[2], "w")  # left open: the exit flushes it
+x = torch.arange(4.0, device="xla")
+a = torch.tensor([5, 6], device="xla")
+for step in range(3):
+    last = step == 2
+    i = torch.tensor([7 if last and case == "index" else 1], device="xla")
+    d = torch.tensor([0 if last and case == "division" else 2, 3], device="xla")
+    y = x[i] + 1  # INDEX
+    q = a // d  # DIVISION
+    xm.mark_step()
+    if step == 0:
+        atexit.register(lambda: print("handler registered after: ran", flush=True))
+log.write("the last step ran")
+print("main: done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("case", ["index", "division", "none"])
+def test_error_of_the_last_step_is_reported_at_exit(tmp_path, case):
+    script = tmp_path / "last_step.py"
+    script.write_text(_LAST_STEP)
+    log = tmp_path / "log.txt"
+    r = subprocess.run([sys.executable, str(script), case, str(log)], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PJRT_DEVICE="CPU"))
+    # the program ran to its end and every exit handler ran once, the failing check or not
+    assert r.stdout.splitlines() == ["main: done", "handler registered after: ran", "handler registered before: ran"], \
+        r.stdout + r.stderr[-3000:]
+    assert log.read_text() == "the last step ran"
+    if case == "none":
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "device-side check" not in r.stderr
+        return
+    if case == "index":
+        cerr = _cpu_error_of(lambda: torch.arange(4.0)[torch.tensor([7])] + 1)
+        op, marker = "aten::index.Tensor", "# INDEX"
+    else:
+        cerr = _cpu_error_of(lambda: torch.tensor([5, 6]) // torch.tensor([0, 3]))
+        op, marker = "aten::floor_divide", "# DIVISION"
+    line = 1 + next(k for k, text in enumerate(_LAST_STEP.splitlines()) if text.endswith(marker))
+    assert r.returncode != 0
+    assert f"\n{type(cerr).__name__}: {cerr}\n" in r.stderr, r.stderr[-3000:]
+    assert f"raised by {op} (created at {script}:{line})" in r.stderr, r.stderr[-3000:]

@@ -134,3 +134,49 @@ def test_persistent_cache_loads_no_pickle(tmp_path, monkeypatch):
     finally:
         persistent.configure(None)
         executor.clear_cache()
+
+
+def _is_loopback(addr: str) -> bool:
+    import ipaddress
+    a = ipaddress.ip_address(addr)
+    return a.is_loopback or bool(getattr(a, "ipv4_mapped", None) and a.ipv4_mapped.is_loopback)
+
+
+def test_gloo_address_single_and_multi_host(monkeypatch):
+    for k in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", *job.ENV_KEYS):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("TORCH_XLA_JAX_WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCH_XLA_JAX_LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCH_XLA_JAX_COORDINATOR", "10.1.2.3:1234")
+    assert job.gloo_hostname() == "127.0.0.1"   # one host, whatever address it was named by
+    monkeypatch.setenv("TORCH_XLA_JAX_WORLD_SIZE", "4")
+    # several hosts: gloo binds the address of this machine's host name, which the others reach
+    assert job.gloo_hostname() is None
+    monkeypatch.setenv("TORCH_XLA_JAX_COORDINATOR", "127.0.0.1:1234")
+    assert job.gloo_hostname() == "127.0.0.1"
+
+
+def test_every_listener_of_a_single_host_job_is_loopback(tmp_path):
+    """A real 2-process job, read after its all-reduce (gloo's listeners exist then). Where
+    the machine allows it the job runs under a host name that resolves to one of this
+    machine's other addresses, where gloo would listen if it were left to choose."""
+    import json
+    import subprocess
+    outside = _non_loopback_ipv4()
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "MASTER_ADDR", *job.ENV_KEYS)}
+    env.update(PJRT_DEVICE="CPU", CPU_NUM_DEVICES="2")
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "mp_scripts", "listener_workers.py"), str(tmp_path),
+                           *outside[:1]], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    if outside:
+        assert out["renamed"], "the job could not run under a host name of its own"
+    listening = out["listening"]
+    # rank 0: the coordination service and gloo; rank 1: gloo
+    assert len(listening["0"]) >= 2 and len(listening["1"]) >= 1, listening
+    assert all(_is_loopback(a) for socks in listening.values() for a, _ in socks), listening
+    # results and errors travel through a folder only this user reads
+    assert out["workdir_mode"] == 0o700
+    want = torch.full((3,), 1.0) + torch.full((3,), 2.0)
+    for r in ("0", "1"):
+        torch.testing.assert_close(torch.tensor(out["results"][r]), want)

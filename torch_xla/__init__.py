@@ -31,6 +31,10 @@ __all__ = ["device", "devices", "device_count", "sync", "step", "compile", "manu
            "real_devices", "is_xla_tensor"]
 
 
+_MODULE_ALIASES = {"xm": ".core.xla_model", "xr": ".runtime", "xmp": ".distributed.xla_multiprocessing",
+                   "xu": ".utils.utils", "xenv": ".core.xla_env_vars"}
+
+
 def __getattr__(name: str):
     # Subpackages on first use (`torch_xla.experimental.eager_mode(...)` after `import
     # torch_xla`), and the StableHLO export helpers (`torch_xla.save_as_stablehlo`).
@@ -40,4 +44,6 @@ def __getattr__(name: str):
     if name in ("experimental", "stablehlo", "core", "runtime", "debug", "distributed", "utils", "_dynamo",
                 "backends"):
         return importlib.import_module("." + name, __name__)
+    if name in _MODULE_ALIASES:   # the short names PyTorch/XLA's top-level module exposes
+        return importlib.import_module(_MODULE_ALIASES[name], __name__)
     raise AttributeError(f"module 'torch_xla' has no attribute {name!r}")

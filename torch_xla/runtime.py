@@ -159,7 +159,10 @@ _cache_init = _CacheInit()
 
 
 def initialize_cache(path: str, readonly: bool = False) -> None:
-    """Initialises the persistent compilation cache at `path` (before any computation)."""
+    """Initialises the persistent compilation cache at `path` (before any computation).
+    `path` is created with mode 0700 if missing; RuntimeError if it is owned by another
+    user or writable by group or others (it holds native code this process runs).
+    `readonly`: entries are loaded, never written (e.g. on every rank but one)."""
     jax = _rt.jax_module()
     if _cache_init.path is not None and _cache_init.path != path:
         raise RuntimeError("the persistent cache is already initialised at " + _cache_init.path)

@@ -113,7 +113,7 @@ class Program:
             outs = exe.compiled(*args)
         if exe.paced:
             pol.after_dispatch(exe.paced, token, outs)
-        outs = strategy.from_outputs(checks.split(outs, exe.checks), graph)
+        outs = strategy.from_outputs(checks.split(outs, exe.checks, graph), graph)
         telemetry.inc("ExecuteCount")
         results = []
         for (n, i), arr in zip(graph.roots, outs):

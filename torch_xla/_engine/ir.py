@@ -12,6 +12,7 @@ Leaves:
   learning rate that changes every step does not recompile.
 - `Constant` is baked into the program (the special scalars 0 and 1, small index
   tables); its value is part of the hash.
+- `Placeholder` stands for an input of a traced body (`subgraph.py`): no value.
 """
 from __future__ import annotations
 
@@ -244,6 +245,27 @@ class Constant(Node):
         return True
 
 
+class Placeholder(Node):
+    """A leaf standing for an input of a traced body (a scan step, a loop body, a pure
+    function): it has an aval and no value. A graph holding one is lowered as a function
+    of it (`subgraph.py`) and never run on its own."""
+    __slots__ = ("position",)
+
+    def __init__(self, aval: Aval, position: int):
+        self.op = "xla::placeholder"
+        self.operands = ()
+        self.args = ()
+        self.avals = (aval,)
+        self.lowering = None
+        self.info = None
+        self.position = position
+        self.hash = hash(("placeholder", aval, position))
+
+    @property
+    def is_leaf(self) -> bool:
+        return True
+
+
 # DeviceData leaves whose buffer a compiled graph may donate (`_XLAC._set_buffer_donation`).
 DONORS: "weakref.WeakSet" = weakref.WeakSet()
 
@@ -255,8 +277,9 @@ DYNAMIC_DIMS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 # ---- source lines (XLA_HLO_DEBUG) -------------------------------------------------------
 
-# Nodes of ops whose programs check their indices on the device -> the user's line that
-# created them (for the error raised after the program ran).
+# Nodes of ops whose programs check their values on the device (indices, integer
+# divisors) -> the user's line that created them: the error raised after a program ran
+# names the line of that run's node, whichever trace compiled the program.
 CHECK_SOURCES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _SKIPPED = []
 

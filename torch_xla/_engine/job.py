@@ -163,14 +163,49 @@ class _Runtime:
 _runtime = _Runtime()
 
 
+def gloo_hostname() -> Optional[str]:
+    """The address gloo's listeners bind: loopback in a single-host job (as the coordination
+    service); None in a multi-host one, where gloo binds the address this machine's host name
+    resolves to, which the other hosts reach."""
+    addr = coordinator_address()
+    if addr is None:
+        return "127.0.0.1"
+    return "127.0.0.1" if service_addresses(addr)[0].startswith("127.0.0.1:") else None
+
+
 def use_gloo_collectives() -> bool:
     """Patch `cpu_collectives_gloo` (before `join`): jax's CPU client runs collectives
-    across processes through gloo."""
+    across processes through gloo, whose listeners bind `gloo_hostname()`.
+
+    jax makes gloo's collectives without a host name, so gloo would listen on whatever the
+    machine's host name resolves to (often a public interface): the CPU backend's factory is
+    replaced by one that passes the job's address and otherwise calls jax's own.
+    """
     import jax
     try:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     except AttributeError as e:  # a jax without the option: its CPU collectives stay its default
         return patches.refuse("jax's CPU collectives", str(e))
+    from jax._src import distributed, xla_bridge
+    from jax._src.lib import _jax
+    make_gloo = getattr(_jax, "make_gloo_tcp_collectives", None)
+    registration = xla_bridge._backend_factories.get("cpu")
+    if (make_gloo is None or "hostname" not in (make_gloo.__doc__ or "") or registration is None
+            or registration.factory is not xla_bridge.make_cpu_client
+            or not patches.signature_matches(xla_bridge.make_cpu_client, ["collectives"],
+                                             "jax's CPU client factory")):
+        # the option is set: gloo's collectives run, listening where jax makes them listen
+        patches.refuse("the address of gloo's listeners", "jax's CPU client factory has changed")
+        return True
+
+    def make_cpu_client():
+        client = distributed.global_state.client
+        if client is None:
+            return xla_bridge.make_cpu_client()
+        return xla_bridge.make_cpu_client(
+            collectives=make_gloo(distributed_client=client, hostname=gloo_hostname()))
+
+    registration.factory = make_cpu_client
     return True
 
 

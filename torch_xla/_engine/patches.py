@@ -96,6 +96,12 @@ REGISTRY: List[Patch] = [
           "xla tensors as one program loop instead of one traced step per time step; other "
           "devices, packed sequences and bidirectional GRUs take PyTorch's own code",
           "experimental.gru:install", IMPORT, "torch.nn.GRU"),
+    Patch("xla_while_loop", "PyTorch's `while_loop` higher-order op (`torch._higher_order_ops.while_loop`): a "
+          "kernel for the PrivateUse1 key", "import", "none (affects xla tensors only)",
+          "`while_loop` on xla tensors is one loop of the compiled program with its condition read on the "
+          "device (`torch_xla.experimental.fori_loop`); PyTorch's own kernel would run a host loop, reading "
+          "the condition back at every iteration",
+          "experimental.fori_loop:install", IMPORT),
     Patch("clip_grad_norm", "`torch.nn.utils.clip_grad_norm_` (the original stays as its `_orig`)",
           "import", "PT_XLA_PATCH_CLIP_GRAD_NORM",
           "when none of the parameters has a gradient, PyTorch returns a zero on the CPU; for "
@@ -155,10 +161,13 @@ REGISTRY: List[Patch] = [
           "PyTorch's default integer type is int64 and float64 tensors exist: with 32-bit jax "
           "they would silently narrow. Other jax code in the process also sees 64-bit defaults "
           "(`jnp.arange(3)` is int64)", "_engine.process_patches:enable_x64", JAX_START),
-    Patch("cpu_collectives_gloo", "jax's `jax_cpu_collectives_implementation` option: `gloo`",
+    Patch("cpu_collectives_gloo", "jax's `jax_cpu_collectives_implementation` option: `gloo`; "
+          "the `cpu` backend factory of `jax._src.xla_bridge` (gloo's collectives made with a host name)",
           "a process of a multi-process CPU job, before it joins", "none (CPU collectives across processes need it)",
-          "jax's CPU client runs no collective across processes without it; the gloo listeners bind "
-          "to the job's addresses", "_engine.job:use_gloo_collectives", JOB_START),
+          "jax's CPU client runs no collective across processes without it; jax lets gloo listen on "
+          "whatever the machine's host name resolves to: the factory passes 127.0.0.1 in a "
+          "single-host job (a multi-host job keeps the host name's address, which the other hosts reach)",
+          "_engine.job:use_gloo_collectives", JOB_START),
     Patch("tune_gc", "Python's garbage collector (`gc.freeze()`, youngest threshold 10,000)",
           "first device use, once jax has started", "PT_XLA_TUNE_GC",
           "traced ops keep Python objects alive until the barrier: the collector's passes "
@@ -190,6 +199,13 @@ REGISTRY: List[Patch] = [
           "`PT_XLA_DEBUG_LEVEL` (or `PT_XLA_DEBUG`) is set", "`PT_XLA_DEBUG_LEVEL` unset (the default)",
           "the summary of compiles and host transfers the debug level promises at exit",
           "_engine.executor.analysis:register_summary"),
+    Patch("device_checks_at_exit", "an exit hook (`atexit`) reading the device-side checks of the programs "
+          "never inspected, kept the last registered", "the first run of a program with device-side checks "
+          "(index ranges, integer divisors)", "`XLA_CHECK_INDICES=0` (no checks, no hook)",
+          "an out-of-range index or an integer division by zero in the last step before exit is reported "
+          "(the CPU's error, on stderr) and the process exits with status 1, after running the other "
+          "exit handlers; it runs before jax's own, which tear the runtime down",
+          "_engine.executor.checks:install_exit_hook"),
     Patch("close_loaders_at_exit", "an exit hook (`atexit`) closing the parallel loaders still running",
           "the first `ParallelLoader` / `MpDeviceLoader` made", "none (loader threads would block the exit)",
           "a loader's worker threads wait on its queues; at exit they are closed and joined so the "

@@ -117,3 +117,26 @@ def fresh_seed() -> int:
     s = _gen.seed & 0xFFFFFFFF
     advance_step()
     return s
+
+
+class local_seed:
+    """Inside the block random ops draw from `node` (a traced body's seed placeholder),
+    op numbers from zero; the step's generator is untouched afterwards. `None`: no change."""
+    __slots__ = ("node", "saved")
+
+    def __init__(self, node):
+        self.node = node
+
+    def __enter__(self):
+        if self.node is not None:
+            with _lock:
+                self.saved = (_gen.seed, _gen.counter, _gen.node)
+                _gen.counter = itertools.count()
+                _gen.node = self.node
+        return self
+
+    def __exit__(self, *exc):
+        if self.node is not None:
+            with _lock:
+                _gen.seed, _gen.counter, _gen.node = self.saved
+        return False

@@ -27,6 +27,9 @@ import torch
 
 from ._xla_ops import (Type, _XLA_PT_TYPE_MAP, _PT_XLA_TYPE_MAP, _aval_of_shape, _conv_kwargs,  # noqa: F401
                        _jax, _np_dtype, _op_table, _raw_shape, _xla_type, _constant, _iota)
+# Jax functions inside the lazy graph.
+from ._jax_call import (_JAX_TO_XLA_COMPUTATION_CACHE, _jax_to_xla_computation_cache_elements,  # noqa: F401
+                        apply_jax_function, call_jax, call_jax_flat, jax_function)
 
 
 # Functions whose ignored keyword arguments were already warned about (once per process each).

@@ -28,7 +28,7 @@ from .._engine import job as _job
 from .._engine import tensor as _tensor
 from ._xla_store import service_error, status_code, store_error
 
-__all__ = ["ProcessGroupXla", "WorkXla", "group_mesh"]
+__all__ = ["ProcessGroupXla", "UnsupportedCallForm", "WorkXla", "group_mesh"]
 
 
 # ---- Work -------------------------------------------------------------------------------
@@ -93,6 +93,14 @@ def _reduce_kind(op):
         if op == k:
             return v, 1.0
     raise NotImplementedError(f"the xla process group does not support reduce op {op}")
+
+
+class UnsupportedCallForm(TypeError, NotImplementedError):
+    """A call form the group does not take (e.g. a bare tensor where c10d passes a list).
+
+    A TypeError, as PyTorch's process groups raise for wrong arguments; also a
+    NotImplementedError, which torch_xla's own group raised for every call of
+    allreduce_coalesced and recv_anysource, so code written against it still catches it."""
 
 
 def _is_xla(t: torch.Tensor) -> bool:
@@ -246,7 +254,8 @@ class ProcessGroupXla(ProcessGroup):
 
     def allreduce_coalesced(self, tensors, opts=None):
         if not isinstance(tensors, (list, tuple)):
-            raise TypeError(f"allreduce_coalesced(): expected a list of tensors, got {type(tensors).__name__}")
+            raise UnsupportedCallForm(
+                f"allreduce_coalesced(): expected a list of tensors, got {type(tensors).__name__}")
         return self.allreduce(tensors, opts)
 
     # -- all_gather -----------------------------------------------------------------------
@@ -308,6 +317,11 @@ class ProcessGroupXla(ProcessGroup):
         for out, ins in zip(output_tensors, input_tensors_lists):
             self._reduce_scatter_one(out, torch.stack([_fv(i).reshape(out.shape) for i in ins]), op)
         return WorkXla(list(output_tensors))
+
+    def reduce_scatter_coalesced(self, output_tensors, input_tensors_lists, opts=None):
+        """torch_xla's name for reduce_scatter over several outputs (one list of world-size
+        inputs per output)."""
+        return self.reduce_scatter(output_tensors, input_tensors_lists, opts)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
@@ -462,7 +476,7 @@ class ProcessGroupXla(ProcessGroup):
     def recv_anysource(self, tensors, tag=0):
         """Receives from whichever member sent first (polling every member's next message)."""
         if not isinstance(tensors, (list, tuple)) or len(tensors) != 1:
-            raise TypeError("recv_anysource(): expected a list of one tensor")
+            raise UnsupportedCallForm("recv_anysource(): expected a list of one tensor")
         client = _job.kv_client()
         members = self._members()
         me = members[self._rank]

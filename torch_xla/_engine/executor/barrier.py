@@ -122,7 +122,7 @@ def execute(states: List[XlaState], barrier: bool = False, metric: str = "Execut
         telemetry.add_sample(strategy.execute_metric if metric == "ExecuteTime" else metric, _now() - t_run)
     if exe.paced:
         pol.after_dispatch(exe.paced, token, outs)
-    outs = strategy.from_outputs(checks.split(outs, exe.checks), graph)
+    outs = strategy.from_outputs(checks.split(outs, exe.checks, graph), graph)
     del graph
     telemetry.inc("ExecuteCount")
     if strategy is strategies.SPMD:

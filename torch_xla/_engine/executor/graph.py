@@ -50,7 +50,7 @@ class Graph:
         binding = []
         collective = False
         seen = set()
-        device_data, scalar_param = ir.DeviceData, ir.ScalarParam
+        device_data, scalar_param, placeholder = ir.DeviceData, ir.ScalarParam, ir.Placeholder
         stack = [(n, False) for n, _ in reversed(self.roots)]
         while stack:
             node, expanded = stack.pop()
@@ -59,7 +59,7 @@ class Graph:
                 index[nid] = len(order)
                 order.append(node)
                 t = type(node)
-                if t is device_data or t is scalar_param:
+                if t is device_data or t is scalar_param or t is placeholder:
                     slot[nid] = len(params)
                     params.append(node)
                     continue
@@ -94,8 +94,13 @@ class Graph:
         with `on_device` (a program of one device) as device arrays from the scalar cache."""
         out = []
         for p in self.params:
-            if type(p) is ir.DeviceData:
+            t = type(p)
+            if t is ir.DeviceData:
                 out.append(p.array)
+            elif t is ir.Placeholder:
+                raise RuntimeError("a value computed inside a traced body (scan, while_loop, assume_pure) was "
+                                   "used outside it, or read on the host while the body was traced: such values "
+                                   "exist only inside the compiled loop or function")
             else:
                 v = np.asarray(p.value, dtype=pjrt.device_dtype(p.avals[0][1]))
                 out.append(_device_scalar(v) if on_device else v)

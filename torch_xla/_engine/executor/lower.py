@@ -118,7 +118,7 @@ def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False, manua
     plan = []
     for n in order:
         t = type(n)
-        if t is ir.DeviceData or t is ir.ScalarParam:
+        if t is ir.DeviceData or t is ir.ScalarParam or t is ir.Placeholder:
             s = slot[id(n)]
             if constants is not None and s in constants:
                 plan.append((CONSTANT, np.asarray(constants[s], dtype=pjrt.device_dtype(n.avals[0][1])), None))

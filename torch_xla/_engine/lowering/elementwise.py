@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .table import lowering, out_dtype
+from .table import check_nonzero, ctx, lowering, out_dtype, out_shape
 
 
 def _is_one(v):
@@ -60,23 +60,37 @@ def div(x, y):
     return x / y
 
 
-@lowering("aten::div.Tensor_mode", "aten::div.Scalar_mode", promote=True)
+def _check_divisor(y) -> None:
+    """Integer division by zero is the CPU's RuntimeError, checked on the device (the
+    program itself computes XLA's value). The CPU checks the divisors of the elements it
+    computes: none when the result is empty, otherwise every element of `y`."""
+    if ctx.checks is not None and jnp.issubdtype(out_dtype(), jnp.integer) and math.prod(out_shape()):
+        check_nonzero(y, RuntimeError, "ZeroDivisionError")
+
+
+@lowering("aten::div.Tensor_mode", "aten::div.Scalar_mode", promote=True, checked=True)
 def div_mode(x, y, rounding_mode=None):
+    if rounding_mode is not None:
+        _check_divisor(y)
     return _div(x, y, rounding_mode)
 
 
-@lowering("aten::floor_divide", "aten::floor_divide.Scalar", promote=True)
+@lowering("aten::floor_divide", "aten::floor_divide.Scalar", promote=True, checked=True)
 def floor_divide(x, y):
+    _check_divisor(y)
     return _div(x, y, "floor")
 
 
-@lowering("aten::remainder.Tensor", "aten::remainder.Scalar", "aten::remainder.Scalar_Tensor", promote=True)
+@lowering("aten::remainder.Tensor", "aten::remainder.Scalar", "aten::remainder.Scalar_Tensor", promote=True,
+          checked=True)
 def remainder(x, y):
+    _check_divisor(y)
     return jnp.remainder(x, y)
 
 
-@lowering("aten::fmod.Tensor", "aten::fmod.Scalar", promote=True)
+@lowering("aten::fmod.Tensor", "aten::fmod.Scalar", promote=True, checked=True)
 def fmod(x, y):
+    _check_divisor(y)
     return jnp.fmod(x, y)
 
 

@@ -51,8 +51,9 @@ def lowering(*names: str, promote: bool = False, static: Iterable[str] = (), met
       the kernel shares the value instead of adding a node (jax arrays are immutable).
     random: the op draws random numbers; the lowering receives a jax PRNG key as an
       extra last argument (derived from the step's seed parameter and the op's number).
-    checked: the lowering records device-side checks of its index values (`check_range`);
-      its nodes remember the user's source line that created them, for the error.
+    checked: the lowering records device-side checks of its values (`check_range`,
+      `check_nonzero`); its nodes remember the user's source line that created them, for
+      the error.
     """
     def deco(fn):
         for n in names:
@@ -134,6 +135,25 @@ def check_whole(values, exc: type, message: str, ignore=None) -> None:
     if ignore is not None:
         bad = bad & (v != ignore)
     _record_first(checks, bad, None, exc, message)
+
+
+def check_nonzero(values, exc: type, message: str) -> None:
+    """Records a device-side check that no element of `values` (an array or a Python
+    number) is zero. A no-op unless the executor asked for checks, and for a Python
+    number that is not zero."""
+    checks = ctx.checks
+    if checks is None:
+        return
+    import jax.numpy as jnp
+    if not hasattr(values, "shape"):
+        if values != 0:
+            return
+        values = jnp.zeros((1,), jnp.int32)
+    if values.size == 0:
+        return
+    # No value or position to report: one or-reduction, cheaper than `_record_first`'s.
+    zero = jnp.zeros((), jnp.int64)
+    checks.append((jnp.any(values == 0), zero, zero, (exc, message, ctx.node)))
 
 
 def _record_first(checks: list, bad, flat, exc: type, message: str) -> None:

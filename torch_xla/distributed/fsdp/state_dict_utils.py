@@ -71,7 +71,8 @@ def consolidate_sharded_model_checkpoints(ckpt_prefix: str, ckpt_suffix: str = "
     if not paths:
         raise FileNotFoundError(f"no checkpoint matches {ckpt_prefix + ckpt_suffix}")
     paths = [p for p in paths if not re.search(r"_consolidated\.pth$", p)]
-    ckpts = [torch.load(p, map_location="cpu", weights_only=False) for p in paths]
+    # the files are data (tensors, sizes, dtypes, names): a pickle that would run code is refused
+    ckpts = [torch.load(p, map_location="cpu", weights_only=True) for p in paths]
     by_world: Dict[int, List[int]] = {}
     for i, c in enumerate(ckpts):
         by_world.setdefault(c["shard_metadata"]["world_size"], []).append(i)

@@ -7,7 +7,8 @@ replica-0 pieces of its own devices, unpadded, with their offsets in the global 
 `SPMDLoadPlanner` loads in place: a sharded xla tensor of the target state_dict reads
 the parts of the saved pieces that overlap each of its local pieces (so a checkpoint
 saved under one mesh loads under another) and receives them with `load_local_shards_`;
-an unsharded xla tensor is filled on the CPU and copied to the device once.
+an unsharded xla tensor is filled on the CPU and copied to the device once. Non-tensor
+items are read with `torch.load(weights_only=True)`: a checkpoint cannot run code.
 """
 from __future__ import annotations
 
@@ -251,7 +252,9 @@ class SPMDLoadPlanner(LoadPlanner):
         return central_plan
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-        obj = torch.load(value, weights_only=False)
+        # A stored item is data: tensors, containers, numbers, strings (more types through
+        # torch.serialization.add_safe_globals); a pickle that would run code is refused.
+        obj = torch.load(value, weights_only=True)
         set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
 
     def resolve_tensor(self, read_item: ReadItem) -> torch.Tensor:
