@@ -1,6 +1,10 @@
 """Metrics and counters at their events, ready callbacks, deprecation helpers, runtime
 queries and the multi-process helpers of `torch_xla._internal.pjrt`."""
 import logging
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 
 import pytest
@@ -308,3 +312,35 @@ def test_async_closure_error_raises_at_next_barrier(dev):
     torch_xla.sync()
     torch_xla.sync()
     assert ran == ["failing", "next"]
+
+
+def test_an_unknown_or_missing_backend_fails_every_use_with_the_first_error():
+    """PJRT_DEVICE naming no backend raises at the first device use, naming the variable and
+    the backends; the error is kept: setting PJRT_DEVICE=CPU afterwards does not start a
+    runtime behind the user's back."""
+    code = textwrap.dedent("""
+        import os, torch, torch_xla
+        import torch_xla._XLAC as X
+        os.environ["PJRT_DEVICE"] = "DUMMY_DEVICE"
+        msgs = []
+        for device in ("DUMMY_DEVICE", "CPU"):
+            os.environ["PJRT_DEVICE"] = device
+            try:
+                X._init_computation_client()
+            except RuntimeError as e:
+                msgs.append(str(e))
+        try:
+            t = torch.ones(2, device="xla") + 1
+            t.cpu()
+        except RuntimeError as e:
+            msgs.append(str(e))
+        print(len(msgs), len(set(msgs)))
+        print(msgs[0])
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
+                         env=dict(os.environ, PJRT_DEVICE="CPU"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert lines[0] == "3 1"
+    assert "No PjRtPlugin registered for: DUMMY_DEVICE" in lines[1] and "PJRT_DEVICE" in lines[1]
+    assert "CPU" in lines[1] and "TPU" in lines[1]

@@ -564,3 +564,25 @@ def test_replace_xla_tensor_takes_the_source_value():
         torch.zeros(2).set_(torch.zeros(2, dtype=torch.int64))
     with pytest.raises(RuntimeError):
         torch_xla._XLAC._replace_xla_tensor(x, torch.zeros(2, dtype=torch.int64, device=_xla()))
+
+
+def test_reading_views_of_device_data_runs_no_program():
+    """`row.cpu()` for each row of a device tensor: the values of the CPU's views, and no
+    program compiled per row index (the base's host copy is sliced on the host)."""
+    import torch_xla.debug.metrics as met
+    c = torch.arange(24.).reshape(4, 6)
+    x = c.to("xla")
+    torch_xla.sync()
+    met.clear_all()
+    for i in range(4):
+        torch.testing.assert_close(x[i].cpu(), c[i])
+    torch.testing.assert_close(x[:, 1:5:2].cpu(), c[:, 1:5:2])
+    torch.testing.assert_close(x.t()[2].cpu(), c.t()[2])
+    torch.testing.assert_close(x.view(6, 4)[1:3].cpu(), c.view(6, 4)[1:3])
+    torch.testing.assert_close(x.expand((1, 1, -1, -1))[0, 0].cpu(), c)
+    for row, crow in zip(x, c):   # iteration: unbind
+        torch.testing.assert_close(row.cpu(), crow)
+    assert met.counter_value("UncachedCompile") in (None, 0)
+    assert met.counter_value("ExecuteCount") in (None, 0)
+    y = x * 2   # a pending value is computed by a program as before
+    torch.testing.assert_close(y[1].cpu(), c[1] * 2)

@@ -25,11 +25,12 @@ _lock = threading.Lock()
 
 class _Started:
     """`jax`: the started module, None until `start_jax` finished (set once, under `_lock`;
-    read without it: a reference is published whole)."""
-    __slots__ = ("jax",)
+    read without it: a reference is published whole); `error`: why the start failed."""
+    __slots__ = ("jax", "error")
 
     def __init__(self):
         self.jax = None
+        self.error = None
 
 
 _started = _Started()
@@ -67,13 +68,21 @@ def start_jax():
     if _started.jax is not None:
         return _started.jax
     with _lock:
+        if _started.error is not None:
+            # a runtime that failed to start fails the same way at every later use
+            raise _started.error
         if _started.jax is None:
-            patches.install_phase(patches.JAX_START)
-            import jax
-            if job.world_size() > 1:
-                patches.install_phase(patches.JOB_START)
-            job.join(jax)
-            _check_platform(jax)
+            try:
+                _check_device_name(env_vars.reread("PJRT_DEVICE"))
+                patches.install_phase(patches.JAX_START)
+                import jax
+                if job.world_size() > 1:
+                    patches.install_phase(patches.JOB_START)
+                job.join(jax)
+                _check_platform(jax)
+            except RuntimeError as e:
+                _started.error = e
+                raise
             patches.install_phase(patches.STARTED)
             _started.jax = jax
             started_now = True
@@ -86,6 +95,13 @@ def start_jax():
 
 
 _EXTRAS = {"cuda": "torch-xla-jax[cuda]", "tpu": "torch-xla-jax[tpu]"}
+
+
+def _check_device_name(device: str) -> None:
+    """PJRT_DEVICE names a known backend (its part before `_`, as in `CUDA_0`) or is unset."""
+    if device and device.split("_")[0].upper() not in _PLATFORMS:
+        raise RuntimeError(f"No PjRtPlugin registered for: {device}. Make sure the environment variable "
+                           f"PJRT_DEVICE is set to a correct device name ({', '.join(sorted(_PLATFORMS))}).")
 
 
 def _check_platform(jax) -> None:

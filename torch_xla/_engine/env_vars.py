@@ -56,8 +56,9 @@ _VARS = [
         "program as XLA collectives over that replica instead of being left out (the HLO text "
         "shows them)", cached=False),
     Var("XLA_CHECK_INDICES", "bool", True,
-        "`0`: no in-range checks of gather / scatter / index / embedding / loss-target indices on "
-        "the device (an out-of-range index then reads a clamped value instead of raising)"),
+        "`0`: no device-side checks of gather / scatter / index / embedding / loss-target indices "
+        "and integer divisors (an out-of-range index then reads a clamped value, an integer division "
+        "by zero returns a value, instead of raising)"),
     Var("XLA_HEARTBEAT_TIMEOUT_S", "int", 60,
         "seconds without a heartbeat before the coordination service declares a process dead"),
     Var("XLA_TIERED_COMPILE", "bool", False,
@@ -210,6 +211,13 @@ def getenv_as(name: str, vtype: type, default: Any = None) -> Any:
 def environ_items() -> Mapping[str, str]:
     """A copy of the whole environment (for reports that list it)."""
     return dict(os.environ)
+
+
+def reread(name: str) -> Any:
+    """The variable's value read from the environment again (the runtime's start reads
+    PJRT_DEVICE as it is then, not as it was at import)."""
+    _cache.pop(name, None)
+    return get(name)
 
 
 # ---- the few places that write the environment ---------------------------------------------

@@ -312,10 +312,11 @@ class _Recording:
     without a lock (a node made meanwhile in another thread may or may not record); read
     at every node's creation by any tracing thread (the specialised kernels hold it as
     `RECORDING`)."""
-    __slots__ = ("on",)
+    __slots__ = ("on", "source")
 
     def __init__(self):
         self.on = False
+        self.source = None   # while set: the line recorded instead of the caller's (a traced FX graph's)
 
 
 recording = _Recording()
@@ -330,6 +331,9 @@ def record_sources(on: bool = True) -> None:
 
 def record_source(node: Node) -> None:
     """Remembers the user's line that created `node` (while `recording.on`)."""
+    if recording.source is not None:
+        SOURCES[node] = recording.source
+        return
     f = _user_frame()
     if f is not None:
         SOURCES[node] = f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"

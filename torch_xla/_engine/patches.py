@@ -67,7 +67,9 @@ REGISTRY: List[Patch] = [
           "`cpu.copy_(xla)` (`load_state_dict` into a CPU model, DDP's C++ parameter checks) "
           "reaches functionalization with a plain destination and a functional source, which "
           "PyTorch refuses for every device but DeviceType::XLA; the kernel reads the source "
-          "first and otherwise does what PyTorch's does",
+          "first. A copy into a view with `as_strided` past the first view of its chain, which "
+          "PyTorch refuses for the same reason, is written into the view's base. Otherwise it "
+          "does what PyTorch's does",
           "_engine.kernels.functionalize:install_copy", IMPORT,
           "_functionalize_line('aten::copy_')"),
     Patch("functionalize_to_copy", "the Functionalize kernel of `aten::_to_copy`", "import",

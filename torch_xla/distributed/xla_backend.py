@@ -65,12 +65,18 @@ def make_xla_process_group(prefix_store, rank, size, timeout) -> ProcessGroupXla
     return ProcessGroupXla(prefix_store, rank, size, timeout)
 
 
-def _create_process_group(opts, pg_options=None) -> ProcessGroupXla:
-    """The creator registered for the `xla` backend (torch.distributed's extended form:
-    `opts` carries the group's global ranks, `pg_options` is what `new_group` was given).
-    A subgroup records the partition of the world its XLA collectives use:
-    `pg_options={'xla_pg_options': {'spmd': True}}` asks for an even partition (ValueError
-    otherwise); `{'xla_pg_options': {'mesh': [[...], ...]}}` gives it."""
+def _create_process_group(*args, **kwargs) -> ProcessGroupXla:
+    """The creator registered for the `xla` backend. torch.distributed calls it in its
+    extended form, `(opts, pg_options)`: `opts` carries the group's global ranks,
+    `pg_options` is what `new_group` was given. A subgroup records the partition of the
+    world its XLA collectives use: `pg_options={'xla_pg_options': {'spmd': True}}` asks for
+    an even partition (ValueError otherwise); `{'xla_pg_options': {'mesh': [[...], ...]}}`
+    gives it. Called as PyTorch/XLA's own creator, `(prefix_store, rank, size, timeout)`
+    (`Backend._plugins['XLA'].creator_fn`), it makes that group."""
+    if "prefix_store" in kwargs or len(args) + len(kwargs) == 4:
+        return make_xla_process_group(*args, **kwargs)
+    opts = args[0] if args else kwargs["opts"]
+    pg_options = args[1] if len(args) > 1 else kwargs.get("pg_options")
     pg = make_xla_process_group(opts.store, opts.group_rank, opts.group_size, opts.timeout)
     ranks = sorted(int(r) for r in opts.global_ranks_in_group)
     if ranks and dist.is_initialized():   # a subgroup (the default group's list is empty)

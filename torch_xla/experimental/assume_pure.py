@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from .._engine import ir, subgraph
+from .._engine import ir, partitioning, subgraph
 from .._engine.tensor import make_tensor, wrap_user
 from ..core import _jax_call
 
@@ -55,6 +55,9 @@ def assume_pure(fn: Callable, *, add_rng_seed_argument: bool = False) -> Callabl
             inputs.append(_leaf_tensor(ir.ScalarParam(int(seed), torch.int64)))
         outs = _jax_call.call_jax_flat(jax_fn, inputs, key=("assume_pure", sub.key, id(sub)),
                                        name=getattr(fn, "__name__", "assume_pure"))
+        for out, sharding in zip(outs, sub.root_shardings()):
+            if sharding is not None:   # mark_sharding inside: the result keeps the annotation
+                partitioning.annotate(out, sharding)
         return sub.outputs(outs)
 
     return pure

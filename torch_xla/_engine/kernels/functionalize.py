@@ -14,6 +14,15 @@ tensor for every device but XLA and Lazy. A plain tensor saved by autograd as an
 failed ("has no XLA data"): our kernel wraps results on the xla device, as PyTorch does
 for XLA. A copy between xla tensors of one shape and dtype shares the source's value (no
 IR op).
+
+A write into a view whose view chain has an `as_strided` past its first view (e.g.
+`torch.as_strided(x.detach(), ...)[i] = v`) is refused by PyTorch's functional storage
+for every device but DeviceType::XLA (it calls as_strided non-compositional). The copy
+kernel writes it through the view's autograd base instead: the positions the rest of the
+chain reads are found by replaying it on an index tensor, and the base takes the values
+there, so the view and its other aliases see the write as PyTorch/XLA's do. Other
+in-place ops on such a view still meet PyTorch's refusal: their Functionalize kernels
+are PyTorch's.
 """
 from __future__ import annotations
 
@@ -24,6 +33,15 @@ from ..tensor import make_tensor
 from . import library
 
 _FUNCTIONALIZE_SET = torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)
+_VIEW_METAS = getattr(torch._C, "_functionalization", None)
+# Views that only pick elements of their input (no value change, same dtype): replaying
+# them on an index tensor finds the input positions a view reads.
+_INDEX_VIEWS = frozenset(f"{n}_ViewMeta" for n in (
+    "alias", "detach", "detach_", "lift_fresh", "as_strided", "as_strided_", "select_int", "slice_Tensor",
+    "diagonal", "expand", "permute", "t", "t_", "transpose_int", "transpose_", "squeeze", "squeeze_",
+    "squeeze_dim", "squeeze__dim", "squeeze_dims", "squeeze__dims", "unsqueeze", "unsqueeze_", "view",
+    "_reshape_alias", "_unsafe_view", "unfold", "split_Tensor", "split_with_sizes", "unbind_int"))
+_AS_STRIDED = frozenset({"as_strided_ViewMeta", "as_strided__ViewMeta"})
 SCHEMA = "aten::copy_(Tensor(a!) self, Tensor src, bool non_blocking=False) -> Tensor(a!)"
 
 
@@ -54,9 +72,49 @@ def functionalize_copy_(self, src, non_blocking=False):
         with _skip_functionalize():
             out = torch.ops.aten.copy.default(self_, src_, non_blocking)
     torch._functionalize_replace(self, out)
-    torch._functionalize_commit_update(self)
+    try:
+        torch._functionalize_commit_update(self)
+    except RuntimeError:
+        if not _write_through_base(self, out):
+            raise
     torch._sync(self)
     return self
+
+
+def _meta_names(t) -> list:
+    return [type(m).__name__ for m in _VIEW_METAS.get_view_meta_sequence(t)]
+
+
+def _write_through_base(view, value) -> bool:
+    """Stores `value` (the new inner value of functional `view`) into the view's autograd
+    base; False when the view is not one this can do (the caller re-raises PyTorch's error):
+    its chain has no as_strided past the first view, it has no base, or a view taken
+    from the base changes values or dtype."""
+    if _VIEW_METAS is None:
+        return False
+    metas = _VIEW_METAS.get_view_meta_sequence(view)
+    names = [type(m).__name__ for m in metas]
+    base = view._base
+    if not any(n in _AS_STRIDED for n in names[1:]) or base is None or not torch._is_functional_tensor(base):
+        return False
+    below = _meta_names(base)
+    tail = metas[len(below):]
+    if names[:len(below)] != below or any(n in _AS_STRIDED for n in below[1:]) \
+            or not all(n in _INDEX_VIEWS for n in names[len(below):]):
+        return False
+    positions = _VIEW_METAS.apply_view_meta_sequence(torch.arange(base.numel()).reshape(base.shape), tail)
+    if tuple(positions.shape) != tuple(value.shape):
+        return False
+    torch._sync(base)
+    base_ = torch._from_functional_tensor(base)
+    with _skip_functionalize():
+        flat = base_.reshape(-1).index_put((positions.reshape(-1).to(base_.device),),
+                                            value.reshape(-1).to(base_.dtype))
+        new_base = flat.reshape(base_.shape)
+    torch._functionalize_replace(base, new_base)
+    torch._functionalize_commit_update(base)
+    torch._sync(base)
+    return True
 
 
 def functionalize_to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,

@@ -10,9 +10,63 @@ from ..lowering import LOWERINGS
 from ..tensor import make_tensor, replace_state, state_of
 
 
+# View ops whose result a host read computes from the base's host copy instead of compiling
+# a program: reading the rows of a device tensor one by one (`for row in x: row.cpu()`)
+# would otherwise compile one program per row index.
+_HOST_VIEWS = frozenset({"aten::select_copy.int", "aten::slice_copy.Tensor", "aten::t_copy", "aten::view_copy",
+                         "aten::transpose_copy.int", "aten::permute_copy", "aten::squeeze_copy.dim",
+                         "aten::unsqueeze_copy", "aten::alias_copy", "aten::expand_copy",
+                         "aten::unbind_copy.int", "aten::split_copy.Tensor", "aten::split_with_sizes_copy"})
+_HOST_VIEW_MAX_BYTES = 64 << 20
+
+
+def _view_chain(s) -> Optional[tuple]:
+    """(base DeviceData, [(view node, output index)] from the base up) when `s` is a few view
+    ops of device data."""
+    chain, n, idx = [], s.node, s.idx
+    while type(n) is not ir.DeviceData:
+        if n.op not in _HOST_VIEWS or len(n.operands) != 1 or len(chain) == 4 or n.lowering is None:
+            return None
+        chain.append((n, idx))
+        n, idx = n.operands[0]
+    if not chain or n.array.nbytes > _HOST_VIEW_MAX_BYTES or len(n.array.sharding.device_set) != 1:
+        return None
+    return n, chain[::-1]
+
+
+def _host_view(s) -> Optional[torch.Tensor]:
+    found = _view_chain(s)
+    if found is None:
+        return None
+    base, chain = found
+    with telemetry.timed("TransferFromDeviceTime"):
+        host = pjrt.fetch(base.array)
+    telemetry.add_sample("InboundData", host.nbytes)
+    v = pjrt.from_numpy(host, base.avals[0][1])
+    for n, idx in chain:
+        name, _, overload = n.op[len("aten::"):].partition(".")
+        op = getattr(getattr(torch.ops.aten, name), overload or "default")
+        args, kwargs = [], {}
+        for a, spec in zip(n.args, op._schema.arguments):
+            a = v if type(a) is ir.Ref else a
+            if spec.kwarg_only:
+                kwargs[spec.name] = a
+            else:
+                args.append(a)
+        v = op(*args, **kwargs)
+        if isinstance(v, (tuple, list)):
+            v = v[idx]
+    return v.contiguous()
+
+
 def to_cpu(t: torch.Tensor) -> torch.Tensor:
     """Materialises an XLA tensor on the CPU (a host read)."""
     s = state_of(t)
+    if type(s.node) is not ir.DeviceData:
+        v = _host_view(s)
+        if v is not None:
+            executor.inspect_checks()
+            return v
     arr = executor.materialize(s)
     with telemetry.timed("TransferFromDeviceTime"):
         host = pjrt.fetch(arr)
