@@ -868,6 +868,8 @@ def test_persistent_cache_second_process_loads_executables(tmp_path):
     torch.testing.assert_close(torch.tensor(l1), torch.tensor(ref), rtol=1e-5, atol=1e-6)
 
 
+# about 16 s (two processes); tests/test_persistent_trust.py covers damaged entries in the main suite
+@pytest.mark.slow
 def test_persistent_cache_corrupt_entries_are_recompiled_and_replaced(tmp_path):
     """A truncated or corrupted entry is a miss: the program compiles again, the entry is
     rewritten, and the next process loads it."""

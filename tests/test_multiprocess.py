@@ -190,6 +190,8 @@ def test_training_matches_single_process():
 
 # ---- device numbering -------------------------------------------------------------------
 
+# about 16 s (4 processes); the 2-process tests cover the numbering in the main suite
+@pytest.mark.slow
 def test_device_numbering_4_processes(tmp_path):
     """Process i of a CPU job computes on xla:i, as in PyTorch/XLA (its
     test_runtime_multi_cpu: one process with a thread per device there): its device, its

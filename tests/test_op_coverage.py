@@ -95,6 +95,7 @@ def test_compare_reports_mismatch():
     oc.compare((x, 3), (torch.tensor([1.0, 2.0]), 3), 0, 0)
 
 
+@pytest.mark.slow   # about 30 s: a chunk process is killed by its time limit
 def test_chunk_runner_isolates_crash_and_hang():
     refs = ["fake:ok", "fake:crash", "fake:hang", "fake:raise"]
     res = {r["ref"]: r for r in oc.run_chunk(refs, 1, ("float32",), op_timeout=8)}
