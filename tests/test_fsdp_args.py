@@ -215,6 +215,8 @@ def test_options_train_as_the_cpu_one_process(name):
 
 # ---- two processes ---------------------------------------------------------------------------
 
+# about 18 s; tests/test_fsdp_scale.py's 2-process job covers FSDP across processes in the main suite
+@pytest.mark.slow
 def test_options_train_as_the_cpu_on_the_global_batch_2_processes():
     res = launcher.spawn(aw.fsdp_args_job, nprocs=2, return_results=True)
     res = sorted(res.values() if isinstance(res, dict) else res, key=lambda o: o["rank"])
