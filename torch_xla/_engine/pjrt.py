@@ -378,3 +378,13 @@ def memory_info(device=None) -> dict:
         limit = int(pages)
     return {"bytes_used": used, "bytes_limit": limit, "peak_bytes_used": used,
             "kb_free": max(limit - used, 0) // 1024, "kb_total": limit // 1024}
+
+
+def unspecified_sharding():
+    """jax's marker for an output whose sharding XLA chooses (None if this jax has none)."""
+    jax_module()
+    try:
+        from jax._src.sharding_impls import UNSPECIFIED
+    except ImportError:
+        return None
+    return UNSPECIFIED

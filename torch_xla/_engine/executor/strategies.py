@@ -130,9 +130,14 @@ class Spmd(Local):
         if any(_on_device(a) for a in args):
             return {}
         rep = partitioning.replicated_sharding()
+        # With a sharding constraint inside, the program is on the mesh: XLA chooses the
+        # layout of the other outputs (propagated from the constraints) as with device inputs.
+        free = rep
+        if any(type(n) is ir.Node and n.op == "xla::sharding_constraint" for n in graph.order):
+            free = pjrt.unspecified_sharding() or rep
         outs = []
         for n, _ in graph.roots:
-            outs.append(n.args[1] if type(n) is ir.Node and n.op == "xla::sharding_constraint" else rep)
+            outs.append(n.args[1] if type(n) is ir.Node and n.op == "xla::sharding_constraint" else free)
         if graph.checks is not None:
             outs.append(rep)
         return {"out_shardings": tuple(outs)}
