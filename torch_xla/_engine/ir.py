@@ -285,11 +285,12 @@ _SKIPPED = []
 
 
 def _user_frame():
-    """The innermost frame outside torch_xla, torch and the generated kernels, or None."""
+    """The innermost frame outside torch_xla, torch, the generated kernels and FX graphs, or None."""
     if not _SKIPPED:
         import torch
         _SKIPPED.extend([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                         os.path.dirname(os.path.abspath(torch.__file__)), "<kernel "])
+                         os.path.dirname(os.path.abspath(torch.__file__)), "<kernel ",
+                         "<eval_with_key>"])   # FX graphs' generated code (a scan body's AOT graphs)
     skipped = tuple(_SKIPPED)
     f = sys._getframe(1)
     while f is not None and f.f_code.co_filename.startswith(skipped):
@@ -312,11 +313,10 @@ class _Recording:
     without a lock (a node made meanwhile in another thread may or may not record); read
     at every node's creation by any tracing thread (the specialised kernels hold it as
     `RECORDING`)."""
-    __slots__ = ("on", "source")
+    __slots__ = ("on",)
 
     def __init__(self):
         self.on = False
-        self.source = None   # while set: the line recorded instead of the caller's (a traced FX graph's)
 
 
 recording = _Recording()
@@ -331,9 +331,6 @@ def record_sources(on: bool = True) -> None:
 
 def record_source(node: Node) -> None:
     """Remembers the user's line that created `node` (while `recording.on`)."""
-    if recording.source is not None:
-        SOURCES[node] = recording.source
-        return
     f = _user_frame()
     if f is not None:
         SOURCES[node] = f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"

@@ -16,11 +16,9 @@ so equal bodies traced from different functions share compiled programs.
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
-import torch.fx
 from torch.utils import _pytree as pytree
 
 from . import ir, mode, rng
@@ -138,32 +136,6 @@ def trace(fn: Callable, avals: Sequence[Aval], seeded: bool = True,
             kinds.append(("const", v))
     graph = Graph(roots)
     return Subgraph(graph, n, kinds, tree, avals_out)
-
-
-def run_graph_module(gm, *args):
-    """Runs FX graph `gm` (an AOTAutograd graph of a body); with source recording on
-    (XLA_HLO_DEBUG / XLA_IR_DEBUG), each op's node records the user's line the graph kept for
-    it (`stack_trace`), not the graph's generated code."""
-    if not ir.recording.on:
-        return gm(*args)
-    return _SourceInterpreter(gm).run(*args)
-
-
-class _SourceInterpreter(torch.fx.Interpreter):
-    def run_node(self, n):
-        trace = n.meta.get("stack_trace") or ""
-        frames = [line.strip() for line in trace.splitlines() if line.strip().startswith("File ")]
-        source = None
-        if frames:   # the innermost frame: File "path", line N, in name
-            parts = frames[-1].split('"')
-            if len(parts) >= 3:
-                line = parts[2].split("line ")[-1].split(",")[0].strip()
-                source = f"{os.path.basename(parts[1])}:{line}"
-        saved, ir.recording.source = ir.recording.source, source
-        try:
-            return super().run_node(n)
-        finally:
-            ir.recording.source = saved
 
 
 def outer_operands(sub: Subgraph) -> list:

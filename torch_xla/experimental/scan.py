@@ -232,7 +232,7 @@ def value_and_grad_partitioned(fn: Callable[[Carry, X], Tuple[Carry, Y]], init: 
     n_act = _n_outputs(fw_gm) - n_out
 
     def forward_flat(*flat):
-        out = subgraph.run_graph_module(fw_gm, *flat)
+        out = fw_gm(*flat)
         acts = out[n_out:]
         return tuple(out[:n_out]) + tuple(v for k, v in enumerate(acts) if k not in aliases)
 
@@ -241,7 +241,7 @@ def value_and_grad_partitioned(fn: Callable[[Carry, X], Tuple[Carry, Y]], init: 
         n_g = len(takes_grad)
         gs, acts = list(flat[:n_g]), list(flat[n_g:])
         tangents = [g for g, t in zip(gs, takes_grad) if t]
-        grads = subgraph.run_graph_module(bw_gm, *acts, *tangents) if bw_gm is not None else [None] * (nc + nx)
+        grads = bw_gm(*acts, *tangents) if bw_gm is not None else [None] * (nc + nx)
         out = []
         for g, (s, d) in zip(grads, carry_avals + x_avals):
             if _differentiable(d):

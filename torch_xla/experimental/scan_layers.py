@@ -45,18 +45,17 @@ def scan_layers(layers: Iterable[nn.Module], input_data, partition_fn: Callable 
     if not layers:
         return input_data
     first = layers[0]
-    names = list(_state(first))
-    for k, layer in enumerate(layers[1:], 1):
-        state = _state(layer)
+    states = [_state(layer) for layer in layers]
+    names = list(states[0])
+    for k, state in enumerate(states[1:], 1):
         if list(state) != names:
             raise ValueError(f"scan_layers: layer {k} has mismatched keys with layer 0: "
                              f"{sorted(set(state) ^ set(names))}")
         for name in names:
-            a, b = _state(first)[name], state[name]
+            a, b = states[0][name], state[name]
             if a.shape != b.shape or a.dtype != b.dtype:
                 raise ValueError(f"scan_layers: Shape mismatch for {name!r}: layer 0 has {list(a.shape)} {a.dtype}, "
                                  f"layer {k} has {list(b.shape)} {b.dtype}")
-    states = [_state(layer) for layer in layers]
     stacked = {name: torch.stack([s[name] for s in states]) for name in names}
     key = (id(partition_fn), id(first))
     step = _ONE_LAYER_CACHE.get(key) if is_layer_pure else None
