@@ -162,8 +162,16 @@ def test_error_is_raised_before_barrier_in_a_pending_graph():
 
 
 # ---------------------------------------------------------------------------------------
-# device mismatch
+# device mismatch (under XLA_CPU_OPERAND=error; the default move is tests/test_cpu_operand.py)
 
+@pytest.fixture
+def cpu_operand_error():
+    from torch_xla._engine import env_vars
+    with env_vars.overlay({"XLA_CPU_OPERAND": "error"}):
+        yield
+
+
+@pytest.mark.usefixtures("cpu_operand_error")
 def test_cpu_linear_given_xla_tensor():
     lin = nn.Linear(3, 4)
     x = torch.randn(2, 3).to(_xla())
@@ -173,6 +181,7 @@ def test_cpu_linear_given_xla_tensor():
     assert "xla" in msg and "cpu" in msg, msg
 
 
+@pytest.mark.usefixtures("cpu_operand_error")
 def test_xla_linear_given_cpu_tensor():
     lin = nn.Linear(3, 4).to(_xla())
     x = torch.randn(2, 3)
@@ -182,6 +191,7 @@ def test_xla_linear_given_cpu_tensor():
     assert "xla" in msg and "cpu" in msg, msg
 
 
+@pytest.mark.usefixtures("cpu_operand_error")
 def test_binary_op_cpu_and_xla_tensor():
     with pytest.raises(RuntimeError) as ei:
         torch.randn(2, 3).to(_xla()) + torch.randn(2, 3)

@@ -11,6 +11,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
 
@@ -107,3 +108,48 @@ def test_chunk_runner_isolates_crash_and_hang():
     assert hang["cls"] == "fail" and hang["reason"] == "timeout", hang
     raised = oc.entry(res["fake:raise"], "float32")
     assert raised["cls"] == "fail" and raised["reason"].startswith("ValueError"), raised
+
+
+class _Sample:
+    def __init__(self, input, args=(), kwargs=None):
+        self.input, self.args, self.kwargs = input, args, kwargs or {}
+
+
+def test_sort_ties_compared_in_index_order():
+    """Equal elements in any order pass; an index that points elsewhere does not."""
+    x = torch.tensor([2.0, 1.0, 2.0, 1.0, 2.0])
+    s = _Sample(x)
+    ref = oc._ties_in_index_order(torch.sort(x, stable=True), s)
+    permuted = (torch.tensor([1.0, 1.0, 2.0, 2.0, 2.0], device=oc.XLA), torch.tensor([3, 1, 4, 0, 2], device=oc.XLA))
+    oc.compare(oc._ties_in_index_order(permuted, s), ref, 0, 0)
+    wrong = (permuted[0], torch.tensor([3, 1, 4, 0, 0], device=oc.XLA))
+    with pytest.raises(oc.Mismatch):
+        oc.compare(oc._ties_in_index_order(wrong, s), ref, 0, 0)
+    # stable=True keeps the exact order.
+    stable = _Sample(x, (), {"stable": True})
+    assert oc._ties_in_index_order(permuted, stable) is permuted
+
+
+def test_topk_index_compared_as_the_element():
+    x = torch.tensor([[3.0, 5.0, 5.0, 1.0]])
+    s = _Sample(x, (1,))
+    ref = oc._any_index_of_the_value(torch.topk(x, 1), s)
+    five = torch.tensor([[5.0]], device=oc.XLA)
+    oc.compare(oc._any_index_of_the_value((five, torch.tensor([[2]], device=oc.XLA)), s), ref, 0, 0)
+    with pytest.raises(oc.Mismatch):
+        oc.compare(oc._any_index_of_the_value((five, torch.tensor([[0]], device=oc.XLA)), s), ref, 0, 0)
+
+
+def test_bfloat16_closer_than_cpu_rule():
+    """A bfloat16 result passes only where it is as close to the float64 result as the CPU's."""
+    class Op:
+        name = "fake"
+
+        def __call__(self, t):
+            return t * 3
+
+    x = torch.tensor([1.1, 2.3], dtype=torch.bfloat16)
+    ref = (x.double() * 3)
+    good = ref.to(torch.bfloat16)
+    assert oc._closer_than_cpu(Op(), _Sample(x), good, good + 1, 1.6e-2, 1e-2)
+    assert not oc._closer_than_cpu(Op(), _Sample(x), good + 1, good, 1.6e-2, 1e-2)

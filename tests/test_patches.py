@@ -48,6 +48,7 @@ def _large_block_is_mmapped():
 probes = json.loads(sys.argv[1])
 before = {name: eval(probe) for name, probe in probes.items()}
 import torch_xla
+import torch_xla.distributed.spmd  # noqa: F401  (entries installed by its import)
 (torch.ones(2, device="xla") + 1).cpu()
 after = {name: eval(probe) for name, probe in probes.items()}
 print(json.dumps({name: before[name] is after[name] or before[name] == after[name] for name in probes}))

@@ -54,7 +54,12 @@ def _set_ir_debug(enable: bool) -> None:
 
 
 def _get_xla_tensors_hlo(tensors: Optional[List[torch.Tensor]]) -> str:
-    """The program computing `tensors`, as XLA HLO text (before SPMD partitioning)."""
+    """The program computing `tensors`, as XLA HLO text (before SPMD partitioning; with
+    XLA_DUMP_POST_OPTIMIZATIONS, the compiled program after XLA's passes)."""
+    from ._engine import env_vars
+    if env_vars.get("XLA_DUMP_POST_OPTIMIZATIONS"):
+        from ._engine.executor import barrier, hlo_text
+        return hlo_text.optimized_graph(*barrier.walk(_roots(tensors)))
     return executor.lower_text(_roots(tensors), dialect="hlo")
 
 
@@ -128,8 +133,18 @@ def _get_xla_sharding_type(t: torch.Tensor) -> Optional[int]:
 
 
 def _xla_get_auto_sharding() -> bool:
-    """Whether XLA chooses shardings automatically (it does not: annotations decide)."""
-    return False
+    """Whether automatic sharding is on (`xr.use_spmd(auto=True)` or `XLA_AUTO_SPMD`)."""
+    from ._engine import auto_sharding
+    return auto_sharding.enabled()
+
+
+def _xla_set_auto_sharding(enable: bool) -> None:
+    """Turns automatic sharding on or off (on: `xr.use_spmd(auto=True)` without the mode switch)."""
+    from ._engine import auto_sharding
+    if enable:
+        auto_sharding.enable()
+    else:
+        auto_sharding.disable()
 
 
 def _get_xla_tensor_debug_info(t: torch.Tensor) -> str:
@@ -299,6 +314,56 @@ def _get_buffer_donation(tensor: torch.Tensor) -> bool:
     return type(s.node) is ir.DeviceData and s.node in ir.DONORS
 
 
+def _xla_set_enable_alias_with_buffer_donor_config(enable_user_config_alias: bool = False,
+                                                   device: str = "") -> None:  # noqa: ARG001 (one setting for all devices)
+    """On: every execution (partial syncs and host reads too, not only a full barrier)
+    donates the buffers marked by `_set_buffer_donation`, and graph hashes count them."""
+    from ._engine.executor import donation
+    from .core import dynamo_bridge
+    donation.config.alias = bool(enable_user_config_alias)
+    dynamo_bridge._donor_config.alias = bool(enable_user_config_alias)
+
+
+def _xla_get_enable_alias_with_buffer_donor_config(device: str = "") -> bool:  # noqa: ARG001
+    from ._engine.executor import donation
+    return donation.config.alias
+
+
+def _xla_create_placeholder_tensor(shape) -> torch.Tensor:
+    """An xla tensor of XLA shape `shape` (`{'type': 'f32', 'sizes': (2, 3)}`) with no
+    device buffer: device data the graphs that read it take as a parameter, for printing
+    their programs; reading its value raises RuntimeError."""
+    from .core import xla_builder
+    return xla_builder._placeholder(shape)
+
+
+def _is_placecholder(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` is device data without a buffer: a placeholder, or a buffer that
+    a program deleted (donated). (The original's spelling.)"""
+    s = state_of(tensor)
+    if type(s.node) is not ir.DeviceData:
+        return False
+    arr = s.node.array
+    from .core.xla_builder import _NoBuffer
+    return type(arr) is _NoBuffer or arr.is_deleted()
+
+
+def _get_tensors_handle(tensors: List[torch.Tensor]) -> List[int]:
+    """An id of the device buffer each tensor holds (equal for tensors sharing one).
+    RuntimeError for a tensor whose value is pending or whose buffer was deleted."""
+    from .core.xla_builder import _NoBuffer
+    out = []
+    for t in tensors:
+        s = state_of(t)
+        if type(s.node) is not ir.DeviceData:
+            raise RuntimeError("_get_tensors_handle: the tensor holds no device data (its value is pending)")
+        arr = s.node.array
+        if type(arr) is not _NoBuffer and arr.is_deleted():
+            raise RuntimeError("_get_tensors_handle: the tensor's device buffer is deleted (donated to a program)")
+        out.append(id(arr))
+    return out
+
+
 def _replace_xla_tensor(self: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
     """`self` takes `source`'s current value, shape and dtype (as `set_` does, outside
     autograd: a parameter's data can change shape, the way FSDP swaps a full parameter and
@@ -328,6 +393,12 @@ def _xla_user_computation(opname: str, inputs: List[torch.Tensor], computation) 
 
 def _xla_computation_text(computation) -> str:
     return computation.hlo_text()
+
+
+def _xla_op_computation_from_module_proto(name: str, module_proto: bytes):
+    """`xla_builder.computation_from_module_proto`: a computation of a serialized module."""
+    from .core import _flat_calls
+    return _flat_calls.computation_from_module_proto(name, module_proto)
 
 
 # ---- DLPack (torch_xla.utils.dlpack) -----------------------------------------------------
@@ -400,28 +471,77 @@ def _unsafe_buffer_pointer(t: torch.Tensor) -> int:
     return int(arr.addressable_data(0).unsafe_buffer_pointer())
 
 
-def _xla_dot_general(lhs: torch.Tensor, rhs: torch.Tensor, dim_numbers,
+def _aten_type_name(t: torch.Tensor) -> str:
+    """The tensor's ATen type as PyTorch's C++ names it (`CPUBFloat16Type`)."""
+    scalar = t.type().rsplit(".", 1)[-1][:-len("Tensor")]
+    return f"{t.device.type.upper()}{scalar}Type"
+
+
+def _dot_general_dims(dimension_numbers) -> list:
+    """[lhs contracting, rhs contracting, lhs batch, rhs batch] from the nested tuples,
+    checked as the original binding checks them."""
+    if not isinstance(dimension_numbers, tuple) or len(dimension_numbers) != 2:
+        raise RuntimeError("dimension_numbers must be a tuple of 2 elements")
+    dims = []
+    for i, pair in enumerate(dimension_numbers):
+        if not isinstance(pair, tuple):
+            raise RuntimeError(f"_xla_dot_general: Dimension_numbers[{i}] must be a tuple")
+        if len(pair) not in (0, 2):
+            raise RuntimeError("_xla_dot_general: Contracting/batch dims must be specified for both lhs and rhs "
+                               "or neither")
+        if not pair:
+            dims += [[], []]
+            continue
+        for dim_list in pair:
+            if not isinstance(dim_list, list):
+                raise RuntimeError("_xla_dot_general: lhs/rhs contracting/batch dims must be a list")
+            if not all(isinstance(d, int) for d in dim_list):
+                raise RuntimeError("_xla_dot_general: lhs/rhs contracting/batch dims must be a list of integers")
+            dims.append(list(dim_list))
+    return dims
+
+
+def _canonical_dim(d: int, rank: int) -> int:
+    if not -rank <= d < rank:
+        raise RuntimeError(f"Value out of range (expected to be in range of [{-rank}, {rank - 1}], but got {d})")
+    return d % rank
+
+
+def _xla_dot_general(lhs: torch.Tensor, rhs: torch.Tensor, dimension_numbers,
+                     precision_config: Optional[str] = None,
                      preferred_element_type: Optional[torch.dtype] = None) -> torch.Tensor:
-    """XLA's DotGeneral of two xla tensors; `dim_numbers` is ((lhs contracting dims, rhs
-    contracting dims), (lhs batch dims, rhs batch dims)), `()` for no batch dims."""
+    """XLA's DotGeneral of two xla tensors, their element types kept (`int8 x int8` with
+    `preferred_element_type=torch.int32` is an integer dot). `dimension_numbers` is
+    (([lhs contracting], [rhs contracting]), ([lhs batch], [rhs batch])), `()` for none.
+    The result holds the batch dims, then lhs's free dims, then rhs's."""
     from ._engine import pjrt
     from ._engine.kernels import engine_op
-    contracting, batch = dim_numbers
-    batch = batch if batch else ((), ())
-    dn = (tuple(tuple(int(d) for d in c) for c in contracting), tuple(tuple(int(d) for d in b) for b in batch))
-    dtype = torch.result_type(lhs, rhs)
-    if lhs.dtype != dtype:
-        lhs = lhs.to(dtype)
-    if rhs.dtype != dtype:
-        rhs = rhs.to(dtype)
-    out_dtype = preferred_element_type or dtype
-    jax = pjrt.jax_module()
-    from jax import lax
-    shape = jax.eval_shape(lambda a, b: lax.dot_general(a, b, dn),
-                           jax.ShapeDtypeStruct(tuple(lhs.shape), pjrt.device_dtype(dtype)),
-                           jax.ShapeDtypeStruct(tuple(rhs.shape), pjrt.device_dtype(dtype))).shape
-    preferred = None if preferred_element_type is None else pjrt.device_dtype(preferred_element_type)
-    (out,) = engine_op("xla::dot_general", [lhs, rhs], (dn, preferred), [(tuple(shape), out_dtype)])
+    dims = _dot_general_dims(dimension_numbers)
+    if precision_config is not None:
+        raise RuntimeError("_xla_dot_general: precision_config is not supported yet, default precision setting "
+                           "will be applied.")
+    for t, position in ((lhs, "first argument"), (rhs, "second argument")):
+        if not isinstance(t, torch.Tensor) or t.device.type != "xla":
+            got = _aten_type_name(t) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise RuntimeError(f"Expected input tensor ({position}) to be an actual XLA tensor. Got: {got}. "
+                               f"Consider moving it ({position}) to XLA.")
+    lc, rc, lb, rb = ([_canonical_dim(d, t.dim()) for d in ds]
+                      for ds, t in zip(dims, (lhs, rhs, lhs, rhs)))
+    if len(lc) != len(rc) or [lhs.shape[d] for d in lc] != [rhs.shape[d] for d in rc]:
+        raise RuntimeError(f"_xla_dot_general: contracting dimension sizes are not compatible: "
+                           f"lhs {list(lhs.shape)} dims {lc}, rhs {list(rhs.shape)} dims {rc}")
+    if len(lb) != len(rb) or [lhs.shape[d] for d in lb] != [rhs.shape[d] for d in rb]:
+        raise RuntimeError(f"_xla_dot_general: batch dimension sizes must match for lhs/rhs: "
+                           f"lhs {list(lhs.shape)} dims {lb}, rhs {list(rhs.shape)} dims {rb}")
+    if len(set(lc + lb)) != len(lc + lb) or len(set(rc + rb)) != len(rc + rb):
+        raise RuntimeError("_xla_dot_general: a dimension is both contracting and batch, or repeated")
+    shape = (tuple(lhs.shape[d] for d in lb)
+             + tuple(s for d, s in enumerate(lhs.shape) if d not in lc and d not in lb)
+             + tuple(s for d, s in enumerate(rhs.shape) if d not in rc and d not in rb))
+    out_dtype = preferred_element_type or torch.promote_types(lhs.dtype, rhs.dtype)
+    dn = ((tuple(lc), tuple(rc)), (tuple(lb), tuple(rb)))
+    (out,) = engine_op("xla::typed_dot_general", [lhs, rhs], (dn, pjrt.device_dtype(out_dtype)),
+                       [(shape, out_dtype)])
     return out
 
 
@@ -530,6 +650,18 @@ class LoweringContext:
     def parameter_id_tensor_mapping(self) -> Dict[int, torch.Tensor]:
         """{parameter number: CPU copy of the value bound to it}."""
         return {i: t.cpu() for i, t in self.device_parameter_id_tensor_mapping().items()}
+
+    def tensor_parameter_id(self, tensor: torch.Tensor) -> int:
+        """The number of the parameter bound to `tensor`'s device data, -1 if none is."""
+        self._decoded()
+        node = state_of(tensor).node
+        if type(node) is not ir.DeviceData:
+            return -1
+        for i, p in enumerate(self._params):
+            # A barrier since `build` may have re-wrapped the same buffer in a new leaf.
+            if p is node or (type(p) is ir.DeviceData and p.array is node.array):
+                return i
+        return -1
 
 
 lowering = SimpleNamespace(LoweringContext=LoweringContext)

@@ -7,11 +7,14 @@ docs/ARCHITECTURE.md); jax itself starts at the first use of a device (`_engine/
 from __future__ import annotations
 
 from ._engine import collector as _collector
+from ._engine import env_vars as _env_vars
 from ._engine import patches as _patches
 
 # Patch `quiet_gc_imports`: the collector's full passes over torch's import-time objects
 # were a third of this import (docs/ARCHITECTURE.md).
-with _collector.paused(_patches.enabled("quiet_gc_imports")):
+# `import jax` (by the lowering modules) sets TPU_SKIP_MDS_QUERY=1 on a host without TPU
+# chips: undone, so that this import leaves the environment as it found it.
+with _collector.paused(_patches.enabled("quiet_gc_imports")), _env_vars.kept(["TPU_SKIP_MDS_QUERY"]):
     from . import _XLAC  # noqa: E402,F401  (documented as torch_xla._XLAC)
     from ._api import (device, devices, device_count, sync, step, compile, manual_seed,  # noqa: E402
                        launch, real_devices, is_xla_tensor)

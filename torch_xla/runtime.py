@@ -9,6 +9,7 @@ from ._engine import job as _pg
 from ._engine import env_vars as _config
 from ._engine import mode as _mode
 from ._engine import partitioning as _sharding
+from ._engine import auto_sharding as _auto_sharding
 from ._engine.executor import persistent as _persistent
 
 
@@ -102,16 +103,20 @@ def use_spmd(auto: Optional[bool] = False) -> None:
 
     Tensors are then placed replicated on every device unless annotated with
     `torch_xla.distributed.spmd.mark_sharding`; each graph compiles into one program that
-    XLA partitions. Data already on the device joins the mesh at its next use."""
-    if auto:
-        raise ValueError("use_spmd(auto=True): automatic sharding is not available; annotate tensors "
-                         "with mark_sharding instead")
+    XLA partitions. Data already on the device joins the mesh at its next use.
+
+    `auto`: automatic sharding, for the rest of the process: each program's unannotated
+    inputs are laid out over the mesh (`XLA_AUTO_SPMD_MESH`) by a rule on their shapes and
+    XLA propagates the rest (docs/auto_sharding.md); sets `XLA_AUTO_SPMD`."""
     _config.update({"XLA_USE_SPMD": "1"})
     try:
         _sharding.enable()
     except BaseException:
         _config.update({"XLA_USE_SPMD": ""})
         raise
+    if auto:
+        _auto_sharding.enable()
+        _config.update({"XLA_AUTO_SPMD": "1"})
 
 
 def is_spmd() -> bool:

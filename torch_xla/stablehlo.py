@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Set
 
 import numpy as np
 import torch
@@ -20,6 +20,7 @@ from torch.utils import _pytree as pytree
 from ._engine import capture as _capture, ir, telemetry, pjrt
 from ._engine.executor.lower import build_fn
 from ._engine.tensor import make_tensor, state_of, wrap_user
+from .experimental import quantized as _quantized  # noqa: F401  (quantize / dequantize ops on the device)
 
 FORMAT_VERSION = 1
 
@@ -34,7 +35,11 @@ class StableHLOExportOptions:
     override_tracing_arguments / override_tracing_kwargs: trace on these inputs instead of
       the exported program's example inputs;
     save_weights: write the weights beside the program when saving;
-    export_weights: keep the weights in the module (False: the caller supplies them).
+    export_weights: keep the weights in the module (False: the caller supplies them);
+    custom_ops_allowed_in_graph: namespaces of custom ops (`torch.ops.<ns>.*`) exported as
+      `stablehlo.custom_call @<ns>.<op>.<overload>` of the op's output shapes, not run;
+    export_node_metadata: each FX node's metadata (stack trace, module stack, source
+      function) as the MLIR location of the operations it produced.
     """
     include_human_readable_text: bool = True
     inline_all_constant: bool = True
@@ -42,6 +47,8 @@ class StableHLOExportOptions:
     override_tracing_kwargs: Optional[dict] = None
     save_weights: bool = True
     export_weights: bool = True
+    custom_ops_allowed_in_graph: Set[str] = dataclasses.field(default_factory=set)
+    export_node_metadata: bool = False
 
 
 @dataclasses.dataclass
@@ -127,10 +134,13 @@ class StableHLOGraphModule:
         return out
 
     def get_stablehlo_text(self, method: str = "forward") -> str:
-        """The StableHLO of `method`, as text."""
+        """The StableHLO of `method`, as text: quantize / dequantize as StableHLO's uniform
+        ops on quantized types (`_engine/lowering/qdq.py`), and, where the export recorded
+        debug information (`experimental/xla_mlir_debuginfo.py`), the operations' locations.
+        The serialized program and its bytecode keep the exact arithmetic they run."""
         func = self._bundle.methods[method]
         if not func.text:
-            func.text = func.exported().mlir_module()
+            func.text = _readable_text(func.exported())
         return func.text
 
     def get_stablehlo_bytecode(self, method: str = "forward") -> bytes:
@@ -191,6 +201,12 @@ class StableHLOGraphModule:
         return cls(StableHLOModelBundle(state, methods))
 
 
+def _readable_text(exp) -> str:
+    from ._engine.lowering import qdq
+    from .experimental import xla_mlir_debuginfo as debuginfo
+    return qdq.rewrite_text(debuginfo.locations_text(exp.mlir_module()))
+
+
 def _array_of(t: torch.Tensor):
     if t.device.type != "xla":
         return pjrt.put(_to_numpy(t))
@@ -201,17 +217,67 @@ def _array_of(t: torch.Tensor):
 class _OnDevice(torch.fx.Interpreter):
     """Runs an exported graph on the xla device: the graph recorded the device of its
     example inputs (`device=cpu` of factories and `_assert_tensor_metadata`); those
-    name the xla device instead."""
+    name the xla device instead. Custom ops of the namespaces in `custom_ops` become
+    custom calls; a custom op with a kernel for PyTorch/XLA's `XLA` dispatch key (and
+    none for the xla device's key) runs that kernel; `metadata`: each node's metadata
+    is recorded as debug information on the operations computing its results."""
 
-    def __init__(self, gm: torch.fx.GraphModule, device: torch.device):
+    def __init__(self, gm: torch.fx.GraphModule, device: torch.device, custom_ops: Set[str] = frozenset(),
+                 metadata: bool = False):
         super().__init__(gm)
         self.device = device
+        self.custom_ops = custom_ops
+        self.metadata = metadata
+        self._node = None
+
+    def run_node(self, n):
+        self._node = n
+        res = super().run_node(n)
+        if self.metadata and n.op == "call_function":
+            from .experimental.xla_mlir_debuginfo import annotate
+            data = _node_metadata(n)
+            for t in pytree.tree_leaves(res):
+                if isinstance(t, torch.Tensor) and t.device.type == "xla":
+                    annotate(t, data)
+        return res
 
     def call_function(self, target, args, kwargs):
         dev = kwargs.get("device")
         if isinstance(dev, torch.device) and dev.type == "cpu":
             kwargs = dict(kwargs, device=self.device)
+        if isinstance(target, torch._ops.OpOverload):
+            if target.namespace in self.custom_ops:
+                from .experimental.stablehlo_custom_call import (extract_custom_call_outputs_shape_dtype,
+                                                                 stablehlo_custom_call)
+                shapes, dtypes = extract_custom_call_outputs_shape_dtype(self._node)
+                operands = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+                res = stablehlo_custom_call(operands, str(target), shapes, dtypes)
+                return tuple(res) if isinstance(res, list) else res
+            if target.namespace not in ("aten", "prim", "prims") and _xla_key_only(target):
+                return target.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.XLA), *args, **kwargs)
         return super().call_function(target, args, kwargs)
+
+
+def _xla_key_only(op) -> bool:
+    """Whether `op` has a kernel for the `XLA` dispatch key and none for the xla device's."""
+    name = op.name()
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return has(name, "XLA") and not has(name, "PrivateUse1")
+
+
+def _node_metadata(n: torch.fx.Node) -> str:
+    """An FX node's metadata as JSON: its stack trace, module stack and source functions
+    (every key present, empty when the node has none) and the torch function it came from."""
+    stack = n.meta.get("nn_module_stack") or {}
+    meta = {
+        "stack_trace": n.meta.get("stack_trace") or "",
+        "nn_module_stack": {k: [str(v) for v in (vals if isinstance(vals, (tuple, list)) else (vals,))]
+                            for k, vals in stack.items()},
+        "source_fn_stack": [[str(a), getattr(b, "__name__", str(b))] for a, b in n.meta.get("source_fn_stack") or ()],
+    }
+    if n.meta.get("torch_fn"):
+        meta["torch_fn"] = [str(v) for v in n.meta["torch_fn"]]
+    return json.dumps(meta)
 
 
 def _affine(expr):
@@ -306,14 +372,20 @@ def exported_program_to_stablehlo(exported: torch.export.ExportedProgram,
     gm = exported.graph_module
 
     def run(*flat):
-        outs = _OnDevice(gm, dev).run(*flat)
+        outs = _OnDevice(gm, dev, options.custom_ops_allowed_in_graph, options.export_node_metadata).run(*flat)
         outs = outs if isinstance(outs, (tuple, list)) else (outs,)
         return [outs[i] for i in user_out_pos]
 
     def trace(leaves):
         xla_user = [a.detach().to(dev) if isinstance(a, torch.Tensor) else a for a in leaves]
         with torch.no_grad():
-            return _capture.capture(run, *xla_weights, *xla_user), xla_user
+            # not run: exporting needs the program only (a custom call's target may exist
+            # only where the StableHLO goes)
+            program, _ = _capture.trace(run, *xla_weights, *xla_user, run=False)
+        if program is None:
+            raise RuntimeError("exported_program_to_stablehlo: the program is not one graph (a host read, a CPU "
+                               "fallback or an execution happened while tracing it, or it returned no xla tensor)")
+        return program, xla_user
 
     program, xla_user = trace(user_leaves)
     jax = pjrt.jax_module()
@@ -327,7 +399,8 @@ def exported_program_to_stablehlo(exported: torch.export.ExportedProgram,
              for t in inputs[:len(xla_weights)] + extra]
     avals += [jax.ShapeDtypeStruct(tuple(shape), pjrt.device_dtype(t.dtype))
               for shape, t in zip(user_shapes, inputs[len(xla_weights):])]
-    exp = jax.export.export(jax.jit(fn))(*avals)
+    checks = [jax.export.DisabledSafetyCheck.custom_call(t) for t in _custom_call_targets(program.graph)]
+    exp = jax.export.export(jax.jit(fn), disabled_checks=checks)(*avals)
     names = list(weight_names) + [f"__constant_{i}" for i in range(len(extra))]
     state = dict(weights) if options.export_weights else {}
     if options.export_weights:
@@ -343,6 +416,12 @@ def exported_program_to_stablehlo(exported: torch.export.ExportedProgram,
                       for shape, (n, i) in zip(out_shapes, roots[:program.n_out])],
         in_spec=pytree.treespec_dumps(in_spec), out_spec=pytree.treespec_dumps(out_spec))
     return StableHLOGraphModule(StableHLOModelBundle(state, {"forward": func}))
+
+
+def _custom_call_targets(graph) -> List[str]:
+    """The targets of the graph's custom calls (`stablehlo_custom_call`): jax exports only
+    the targets it knows to be stable unless told."""
+    return sorted({n.args[-5] for n in graph.order if getattr(n, "op", None) == "xla::custom_call"})
 
 
 def _shape_json(shape) -> list:

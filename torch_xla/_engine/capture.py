@@ -6,7 +6,9 @@ graph of its outputs as a `Program`: `input_slots` maps each flat tensor argumen
 parameter slot, every other parameter (weights read from a module, Python scalars) is
 captured by value, and `run(*new_args)` executes the compiled program on new inputs of
 the same avals without tracing again. An input that `fn` overwrites in place is written
-back by `run` as well (`mutated`). Random ops draw from a fresh seed at every run. This
+back by `run` as well (`mutated`). Random ops draw from a fresh seed at every run.
+`apply` is `run` as one pending node (`xla::call_subgraph` on the program's graph), for a
+caller that wants the program inside the next barrier's graph. This
 is the seam a dynamo backend, export and `torch_xla.compile` share: what the program
 reads, in which order, and what it returns.
 
@@ -17,6 +19,7 @@ inside it, or it returned CPU tensors): such a function must be traced at every 
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -25,6 +28,9 @@ from torch.utils import _pytree as pytree
 
 from . import executor, ir, telemetry, mode, rng, pjrt
 from .executor import analysis, checks, compile as compiling, strategies
+from .executor.lower import build_fn
+from .executor.graph import Graph
+from .lowering import LOWERINGS, Lowering, ctx as lowering_ctx
 from .tensor import is_functional, make_tensor, pending, replace_state, state_of, unwrap, wrap_user
 
 _DEVICE_DATA = ir.DeviceData
@@ -55,6 +61,7 @@ class Program:
         self.plain_out = out_kinds == list(range(len(out_kinds))) and len(out_kinds) == len(graph.roots) - len(mutated)
         self.out_flat_type = _flat_container(out_tree)   # tuple/list of leaves: no unflatten
         self._exe = None
+        self._call = None    # what `apply` builds its nodes from, made at its first call
 
     def executable(self, states=None):
         """The compiled program (compiled at the first call, counted as a compile). The
@@ -110,7 +117,15 @@ class Program:
             pol = compiling.platform_policy()
             token = pol.before_dispatch(exe.paced)
         with pjrt.phase("torch_xla::execute"), telemetry.timed("ExecuteTime"):
-            outs = exe.compiled(*args)
+            try:
+                outs = exe.compiled(*args)
+            except ValueError:
+                # jax checks every argument's layout against the compiled one at no cost
+                # to us: a layout change is found here, not by comparing at every run.
+                if strategy is strategies.SPMD and _layouts_differ(exe.compiled, args):
+                    raise LayoutChanged("an input's sharding differs from the one the program was "
+                                        "compiled for") from None
+                raise
         if exe.paced:
             pol.after_dispatch(exe.paced, token, outs)
         outs = strategy.from_outputs(checks.split(outs, exe.checks, graph), graph)
@@ -137,6 +152,138 @@ class Program:
     def run(self, *args: Any):
         flat = input_tensors(args)
         return self.outputs(self.run_flat(flat))
+
+    def appliable(self) -> bool:
+        """Whether `apply` may stand for `run_flat`: a one-device program without
+        collectives (their lowering needs the strategy of the graph around the node)."""
+        return self.strategy is strategies.LOCAL and not self.graph.has_collective
+
+    def apply(self, flat: Sequence[torch.Tensor], states: Sequence) -> list:
+        """`run_flat` as one pending IR node (`xla::call_subgraph` on the program's
+        graph): nothing runs, the outputs and in-place writes of the inputs are pending
+        values, and the program is lowered inside whatever graph the next barrier
+        compiles. `states` are `flat`'s states, pending or not."""
+        call = self._call
+        if call is None:
+            call = self._call = _Call(self)
+        operands = list(call.leaves)
+        for pos, slot in self.reads:
+            s = states[pos]
+            if s.shape != self.avals[pos][0] or s.dtype != self.avals[pos][1]:
+                raise ValueError(f"captured program: input of aval {(s.shape, s.dtype)} where "
+                                 f"{self.avals[pos]} was traced")
+            operands[slot] = (s.node, s.idx)
+        if self.seed_slot >= 0:
+            operands[self.seed_slot] = (ir.ScalarParam(rng.fresh_seed(), torch.int64), 0)
+        node = ir.Node("xla::call_subgraph", tuple(operands), call.args, call.avals, call.lowering,
+                       None, call.base)
+        results = [make_tensor(node, i, aval[0], aval[1]) for i, aval in enumerate(call.avals)]
+        for pos, r in zip(self.mutated, results[self.n_out:]):
+            write_back(flat[pos], r)
+        if self.plain_out:
+            return [wrap_user(r) for r in results[:self.n_out]]
+        return [wrap_user(results[k]) if type(k) is int else k[1] for k in self.out_kinds]
+
+
+class _Body:
+    """A program's graph as the body of an `xla::call_subgraph` node: a jax function of
+    its parameters in slot order, every one of them an operand of the node."""
+    __slots__ = ("key", "n_in", "outer", "seeded", "_roots", "_graphs", "_fns")
+
+    def __init__(self, graph):
+        self.key = graph.key
+        self.n_in = len(graph.params)
+        self.outer = ()
+        self.seeded = False    # the seed is a parameter like any other
+        self._roots = graph.roots
+        # One walk per form: `build_fn` keeps the host side of a form's checks on its graph.
+        self._graphs = {}
+        self._fns = {}
+
+    def __call__(self, inputs: Sequence, outer: Sequence, seed=None) -> list:
+        recording = lowering_ctx.checks
+        forms = (lowering_ctx.patch_convolutions, lowering_ctx.widen_int4_dots, recording is not None)
+        fn = self._fns.get(forms)
+        if fn is None:
+            graph = self._graphs[forms] = Graph(self._roots)
+            fn = self._fns[forms] = build_fn(graph, forms[0], checks=forms[2], widen_int4_dots=forms[1])
+        # Lowered inside the enclosing graph's lowering: its state is kept.
+        saved = (recording, lowering_ctx.node, lowering_ctx.out, lowering_ctx.manual_text)
+        try:
+            outs = list(fn(*inputs))
+        finally:
+            (lowering_ctx.checks, lowering_ctx.node, lowering_ctx.out, lowering_ctx.manual_text) = saved
+        infos = self._graphs[forms].checks
+        if infos:
+            # The body's error vector (code = 1 + its first failing check) becomes one
+            # check of the enclosing program per check of the body.
+            err = outs.pop()
+            for k, info in enumerate(infos):
+                node = info.node() if info.node is not None else None
+                recording.append((err[0] == k + 1, err[1], err[2], (info[0], info[1], node)))
+        return outs
+
+
+class _CallSpec:
+    """The static argument of a program's node: equal and hashed by the program graph's
+    key (its structure), so the same program applied at every step keys the same graph;
+    its repr holds no address."""
+    __slots__ = ("bodies", "_hash")
+
+    def __init__(self, body: _Body):
+        self.bodies = (body,)
+        self._hash = hash(("program", body.key))
+
+    def __hash__(self):
+        return self._hash
+
+    def __eq__(self, other):
+        return type(other) is _CallSpec and other.bodies[0].key == self.bodies[0].key
+
+    def __repr__(self):
+        return f"Program<{self.bodies[0].key & 0xFFFFFFFFFFFF:x}>"
+
+
+class _Call:
+    """What every `Program.apply` node shares: the static arguments, the output avals,
+    the hash base, and the captured leaves that fill the slots no input takes."""
+    __slots__ = ("args", "avals", "lowering", "base", "leaves")
+
+    def __init__(self, program: Program):
+        graph = program.graph
+        spec = _CallSpec(_Body(graph))
+        self.leaves = [(p, 0) for p in graph.params]
+        self.args = tuple(ir.ref(i) for i in range(len(graph.params))) + (spec,)
+        self.avals = tuple(n.avals[i] for n, i in graph.roots)
+        low = LOWERINGS["xla::call_subgraph"]
+        if any(n.lowering is not None and n.lowering.checked for n in graph.order):
+            # The node records the user's line like the ops whose device-side checks it carries.
+            low = Lowering(low.name, low.fn, low.promote, low.static, low.meta, low.random, low.alias, True)
+        self.lowering = low
+        self.base = hash(("xla::call_subgraph", self.avals, None, repr(self.args)))
+
+
+class LayoutChanged(ValueError):
+    """An SPMD program run on inputs laid out otherwise than those it was compiled for
+    (raised before anything runs: trace and compile again for the new layouts)."""
+
+
+def _layouts_differ(compiled, args) -> bool:
+    want = getattr(compiled, "input_shardings", None)
+    if want is None:
+        return False
+    want = want[0] if isinstance(want, tuple) and len(want) == 2 and isinstance(want[1], dict) else want
+    for a, w in zip(args, want):
+        sh = getattr(a, "sharding", None)
+        if sh is not None and hasattr(a, "ndim") and not sh.is_equivalent_to(w, a.ndim):
+            return True
+    return False
+
+
+def layouts(states) -> tuple:
+    """The layouts of input states holding device data (None for any other)."""
+    return tuple(getattr(s.node.array, "sharding", None) if type(s.node) is _DEVICE_DATA else None
+                 for s in states)
 
 
 def _flat_container(spec):
@@ -196,6 +343,25 @@ def _marks() -> tuple:
     return c.get("ExecuteCount", 0), sum(v for k, v in c.items() if k.startswith("aten::"))
 
 
+# Per thread: how many `trace` calls are running (sharding annotations made meanwhile on
+# an input are constraints inside the program, not a new layout of the caller's data).
+_tracing = threading.local()
+
+
+def tracing() -> bool:
+    """Whether this thread is inside `trace` (a Dynamo graph or export being captured)."""
+    return getattr(_tracing, "depth", 0) > 0
+
+
+def _constrains(s, node) -> bool:
+    """Whether state `s` is `node`'s value under sharding constraints only: an input the
+    traced call annotated, which the program lays out inside (no write-back)."""
+    n, i = s.node, s.idx
+    while type(n) is not _DEVICE_DATA and n.op == "xla::sharding_constraint" and i == 0:
+        n, i = n.operands[0]
+    return n is node and i == 0
+
+
 def trace(fn: Callable, *args: Any, run: bool = True) -> Tuple[Optional[Program], Any]:
     """Runs `fn(*args)` once, lazily, and returns (its Program or None, its results).
 
@@ -218,8 +384,12 @@ def trace(fn: Callable, *args: Any, run: bool = True) -> Tuple[Optional[Program]
             proxies[id(t)] = wrap_user(make_tensor(s.node, 0, s.shape, s.dtype))
     proxy_args = pytree.tree_map_only(torch.Tensor, lambda t: proxies[id(t)], args)
     marks = _marks()
-    with mode.lazy_scope():
-        out = fn(*proxy_args)
+    _tracing.depth = getattr(_tracing, "depth", 0) + 1
+    try:
+        with mode.lazy_scope():
+            out = fn(*proxy_args)
+    finally:
+        _tracing.depth -= 1
     closed = _marks() == marks
     leaves, out_tree = pytree.tree_flatten(out)
     roots, kinds = [], []
@@ -237,7 +407,7 @@ def trace(fn: Callable, *args: Any, run: bool = True) -> Tuple[Optional[Program]
     for pos, t in enumerate(flat):
         inner = unwrap(proxies[id(t)])
         s = inner._xla
-        if s.node is not before[pos] and id(t) not in written:
+        if s.node is not before[pos] and id(t) not in written and not _constrains(s, before[pos]):
             written.append(id(t))
             mutated.append(pos)
             roots.append((s.node, s.idx))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, Mapping, Optional
+from typing import Any, Dict, Iterable, Iterator, Mapping, Optional
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,13 @@ _VARS = [
         "SPMD mode (`xr.use_spmd()`): one program over every device, partitioned by XLA from "
         "`mark_sharding` annotations; in a job of one process per host, each host's process gets "
         "`CPU_NUM_DEVICES` CPU devices", cached=False),
+    Var("XLA_AUTO_SPMD", "bool", False,
+        "automatic sharding (`xr.use_spmd(auto=True)` sets it; implies SPMD mode): the inputs of "
+        "each program are laid out over the mesh by a rule on their shapes, XLA propagates the rest "
+        "(docs/auto_sharding.md)", cached=False),
+    Var("XLA_AUTO_SPMD_MESH", "str", "",
+        "the mesh of automatic sharding, sizes separated by commas (`2,2`); unset: every device in "
+        "one axis (`<devices>,1`)", cached=False),
     Var("XLA_FLAGS", "str", "", "XLA's own flags, passed to the compiler", cached=False),
     Var("XLA_COLLECTIVE_TIMEOUT_S", "int", 1800,
         "seconds a process waits for its peers (job start, collectives, shutdown)"),
@@ -59,6 +66,10 @@ _VARS = [
         "`0`: no device-side checks of gather / scatter / index / embedding / loss-target indices "
         "and integer divisors (an out-of-range index then reads a clamped value, an integer division "
         "by zero returns a value, instead of raising)"),
+    Var("XLA_CPU_OPERAND", "str", "move",
+        "a CPU tensor (not 0-d) given to an op on xla tensors: `move` copies it to the device at each "
+        "call, as PyTorch/XLA does, warning once per line of code; `error`: PyTorch's same-device "
+        "RuntimeError", cached=False),
     Var("XLA_HEARTBEAT_TIMEOUT_S", "int", 60,
         "seconds without a heartbeat before the coordination service declares a process dead"),
     Var("XLA_TIERED_COMPILE", "bool", False,
@@ -85,6 +96,8 @@ _VARS = [
     Var("PT_XLA_LOAD_TO_DEVICE", "bool", True,
         "`0`: leave `torch.load`'s deserializers as they are (then `map_location='xla'` of CPU tensors "
         "reaches PyTorch's PrivateUse1 one, which crashes the process)"),
+    Var("PT_XLA_MARK_SHARDING_IN_GRAPH", "bool", True,
+        "`0`: `xs.mark_sharding` inside `torch.compile` stays a graph break (no Dynamo stand-in)"),
     Var("PT_XLA_LAZY_DYNAMO_DISABLE", "bool", True,
         "`0`: let PyTorch's meta kernels import `torch._dynamo` on their first call"),
     Var("TORCH_XLA_JAX_PROCESS_ID", "int", None, "set by the launcher: this process's rank", cached=False),
@@ -108,6 +121,28 @@ _VARS = [
     Var("MODELCMP_SAVEDIR", "str", None,
         "`torch_xla.debug.model_comparator.save`: the folder tensors are saved in (unless `configure`d)",
         cached=False),
+    # ---- TPU topology (`torch_xla._internal.tpu`: read before the runtime starts) ----
+    Var("TPU_SKIP_MDS_QUERY", "bool", False,
+        "`1`: read the TPU host's facts from the `TPU_*` variables below instead of the GCE metadata server",
+        cached=False),
+    Var("TPU_ACCELERATOR_TYPE", "str", None, "with `TPU_SKIP_MDS_QUERY`: the slice's type (`v4-16`)", cached=False),
+    Var("TPU_HOST_BOUNDS", "str", None, "with `TPU_SKIP_MDS_QUERY`: the grid of hosts (`1,1,2`)", cached=False),
+    Var("TPU_CHIPS_PER_HOST_BOUNDS", "str", None, "with `TPU_SKIP_MDS_QUERY`: the grid of chips per host (`2,2,1`)",
+        cached=False),
+    Var("TPU_WORKER_ID", "str", None, "with `TPU_SKIP_MDS_QUERY`: this host's index in the slice", cached=False),
+    Var("TPU_WORKER_HOSTNAMES", "str", None,
+        "with `TPU_SKIP_MDS_QUERY`: the slice's hosts, comma-separated, in worker order", cached=False),
+    Var("TPU_PROCESS_BOUNDS", "str", None,
+        "libtpu: the grid of processes over the slice (set per process by `configure_topology` unless set)",
+        cached=False),
+    Var("TPU_CHIPS_PER_PROCESS_BOUNDS", "str", None,
+        "libtpu: the grid of chips each process drives (`1,1,1` per process unless set)", cached=False),
+    Var("CLOUD_TPU_TASK_ID", "int", None, "libtpu: this process's index among the slice's processes",
+        cached=False),
+    Var("TPU_VISIBLE_CHIPS", "str", None, "libtpu: the chips of this host this process uses", cached=False),
+    Var("TPU_PROCESS_ADDRESSES", "str", None, "libtpu: `host:port` of every process of the slice",
+        cached=False),
+    Var("TPU_PROCESS_PORT", "str", None, "libtpu: this process's port", cached=False),
     # ---- debugging (docs/ARCHITECTURE.md, "Debugging") ----
     Var("PT_XLA_DEBUG_LEVEL", "int", -1,
         "`1`: a compilation analysis at every compile (cause, graph hash, inputs/outputs, Python frames, "
@@ -119,8 +154,13 @@ _VARS = [
     Var("XLA_IR_DEBUG", "bool", False,
         "record each traced op's Python source line; the IR text (`_get_xla_tensors_text`, "
         "`XLA_SAVE_TENSORS_FILE`) shows it"),
-    Var("XLA_SAVE_TENSORS_FILE", "str", "", "append the graph of every execution to this file"),
+    Var("XLA_SAVE_TENSORS_FILE", "str", "",
+        "append the graph of every execution to this file, named with the process's device ordinal "
+        "appended (`graphs.txt.0`); SPMD programs in the `hlo` format add their outputs' shardings"),
     Var("XLA_SAVE_TENSORS_FMT", "str", "text", "format of `XLA_SAVE_TENSORS_FILE`: `text` (IR), `hlo` or `dot`"),
+    Var("XLA_DUMP_POST_OPTIMIZATIONS", "bool", False,
+        "the HLO text of `_get_xla_tensors_hlo` and of `XLA_SAVE_TENSORS_FMT=hlo` is the compiled "
+        "program after XLA's optimizations (SPMD: partitioned, with its collectives)", cached=False),
     Var("XLA_METRICS_FILE", "str", "", "append the metrics report to this file at every step"),
     Var("XLA_SAVE_HLO_FILE", "str", "", "write the program whose compilation or execution failed to this file"),
     Var("XLA_DUMP_HLO_GRAPH", "bool", False, "add the program to the error of a failed compilation or execution"),
@@ -130,6 +170,10 @@ _VARS = [
         "directory of the persistent compile cache (`xr.initialize_cache(path)` at import)"),
     Var("XLA_DYNAMO_DEBUG", "bool", False,
         "print what the dynamo bridge does with each FX graph (traced, compiled, run lazily)"),
+    Var("XLA_DYNAMO_ONE_PROGRAM", "bool", False,
+        "`1`: a `torch.compile(backend='openxla')` graph is applied as one pending IR node instead of "
+        "running its program at once, so forward, backward and optimizer compile into one program per "
+        "step at the barrier (read when Dynamo hands a graph to the bridge)"),
     Var("PT_XLA_PRINT_KERNELS", "str", "",
         "`1`: print the source of each specialised kernel to stderr when it is generated (an "
         "overload's first call, `kernels/specialise.py`); or a comma-separated list of the ops "
@@ -139,8 +183,8 @@ _VARS = [
     Var("TF_CPP_LOG_THREAD_ID", "str", "", "thread ids in XLA's own C++ logs (read by jaxlib as is)",
         cached=False),
     Var("XLA_DISABLE_FUNCTIONALIZATION", "bool", False,
-        "not applicable: functionalization is how this engine sees every op (a warning names it when set)",
-        refused="functionalization is how this engine sees every op; it cannot be turned off"),
+        "functionalization stays on (it is how this engine sees every op); set, the errors PyTorch/XLA "
+        "words differently without it take that wording (`expand` to an incompatible size)"),
 ]
 VARS: Dict[str, Var] = {v.name: v for v in _VARS}
 _cache: Dict[str, Any] = {}
@@ -256,6 +300,23 @@ def overlay(env: Mapping[str, str]) -> Iterator[None]:
             else:
                 os.environ[k] = v
             _cache.pop(k, None)
+
+
+@contextlib.contextmanager
+def kept(names: Iterable[str]) -> Iterator[None]:
+    """Whatever the block does to these variables (an imported library setting its own) is
+    undone at its end."""
+    saved = {k: os.environ.get(k) for k in names}
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if os.environ.get(k) != v:
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+                _cache.pop(k, None)
 
 
 def refused_set() -> Dict[str, str]:

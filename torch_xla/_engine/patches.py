@@ -132,8 +132,17 @@ REGISTRY: List[Patch] = [
           "the xla device's kernels are Python: Dynamo must run them, and what they call, as "
           "it runs C++ kernels, instead of tracing into them (a call that reaches the engine "
           "in a compiled function is a graph break; `xm.all_reduce` of one tensor is an op; "
-          "`mark_sharding` runs between the graphs it splits)",
+          "`mark_sharding` is an op of the graph: `mark_sharding_in_graph`)",
           "_engine.process_patches:install_dynamo_skips", IMPORT),
+    Patch("mark_sharding_in_graph", "TorchDynamo: a stand-in for `torch_xla.distributed.spmd.mark_sharding` "
+          "(`torch.compiler.substitute_in_graph`, registered when `torch._dynamo` loads: an import hook), and "
+          "`xla::dynamo_mark_sharding` added to torch.fx's side-effectful functions",
+          "import of torch_xla.distributed.spmd", "PT_XLA_MARK_SHARDING_IN_GRAPH",
+          "`mark_sharding` on an activation inside a compiled function is an op of the graph "
+          "(`xla::dynamo_mark_sharding`), laid out inside the program, instead of a graph break; the op's "
+          "result is often unused (it annotates its input) and graph passes must keep it",
+          "distributed._mark_sharding_in_graph:install",
+          probe='"dynamo_mark_sharding" in str(torch.fx.node._side_effectful_functions)'),
     Patch("quiet_gc_imports", "Python's garbage collector: paused during `import torch_xla` (`torch_xla/__init__.py`) "
           "and during the import of `torch._dynamo` (an import hook); at the end of each, the youngest "
           "generation collected, `gc.freeze()`, the collector's state restored",

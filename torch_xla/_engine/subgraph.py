@@ -60,10 +60,10 @@ class Subgraph:
 
     def __call__(self, inputs: Sequence, outer: Sequence, seed=None) -> list:
         """The body's tensor outputs as jax values (inside any jax trace)."""
-        patch = lowering_ctx.patch_convolutions
-        fn = self._fns.get(patch)
+        forms = (lowering_ctx.patch_convolutions, lowering_ctx.widen_int4_dots)
+        fn = self._fns.get(forms)
         if fn is None:
-            fn = self._fns[patch] = build_fn(self._graph, patch)
+            fn = self._fns[forms] = build_fn(self._graph, forms[0], widen_int4_dots=forms[1])
         params = []
         for kind, k in self.binding:
             params.append(inputs[k] if kind == "in" else outer[k] if kind == "outer" else seed)

@@ -9,6 +9,13 @@ compiled program on the inputs' device buffers (pending inputs are computed firs
 per-op tracing, no graph hashing. Inputs of new shapes (or new Python values) trace and
 compile again; a graph that is not one XLA program (a CPU fallback or a host read inside
 it, CPU tensors among its inputs or outputs) is run through the lazy tracer at each call.
+In SPMD mode a program is compiled for its inputs' shardings: a call whose inputs are laid
+out otherwise (jax checks every argument's layout) runs the program traced for those
+layouts, tracing it at the first such call. Sharding annotations inside the graph
+(`torch.ops.xla.dynamo_mark_sharding`, `xs.mark_sharding`) are constraints of the program.
+With `XLA_DYNAMO_ONE_PROGRAM=1` a call applies the program as one pending IR node
+(`OneProgramGraph`): a training step's forward, backward and optimizer become one program
+at the step's barrier.
 """
 from __future__ import annotations
 
@@ -21,7 +28,7 @@ from torch.utils import _pytree as pytree
 
 from .._dynamo import config
 from .._engine import capture as _capture, env_vars as _config, executor as _executor, telemetry, mode
-from .._engine.executor import analysis as _analysis
+from .._engine.executor import analysis as _analysis, donation as _donation
 from .._engine.tensor import state_of
 
 _LAZY = "lazy"   # a graph that must be traced at every call
@@ -103,23 +110,18 @@ def _fallbacks() -> int:
     return sum(v for k, v in telemetry.counters.items() if k.startswith("aten::"))
 
 
-class _DonorConfig:
-    """`alias`: graph hashes count which inputs are buffer donors. One setting for the
-    process (not per thread): set and restored by `alias_with_buffer_donor_config` in
-    the thread that enters it, without a lock; read by any thread that hashes a graph."""
-    __slots__ = ("alias",)
-
-    def __init__(self):
-        self.alias = False
-
-
-_donor_config = _DonorConfig()
+# The executor's donor setting (`_XLAC._xla_set_enable_alias_with_buffer_donor_config`):
+# one setting for the process, not per thread; set and restored by
+# `alias_with_buffer_donor_config` in the thread that enters it, without a lock.
+_donor_config = _donation.config
 
 
 @contextlib.contextmanager
 def alias_with_buffer_donor_config(should_alias: bool = True) -> Iterator[bool]:
     """Inside the block, graph hashes (`_XLAC._get_graph_hash`) count which inputs are
-    buffer donors (`_XLAC._set_buffer_donation`). Yields the previous setting."""
+    buffer donors (`_XLAC._set_buffer_donation`), and every execution (partial syncs and
+    host reads too) donates them: the setting of
+    `_XLAC._xla_set_enable_alias_with_buffer_donor_config`. Yields the previous setting."""
     saved = _donor_config.alias
     _donor_config.alias = should_alias
     try:
@@ -145,6 +147,9 @@ class CompiledGraph:
         self.graph_module = graph_module
         self.name = name
         self.programs: Dict[tuple, Any] = {}
+        # SPMD: every program traced for a signature, by its inputs' layouts (`programs`
+        # holds the one used last); a run whose inputs are laid out anew picks or traces one.
+        self.laid_out: Dict[tuple, Any] = {}
 
     def __call__(self, *args: Any) -> Any:
         key = _signature(args)
@@ -158,7 +163,21 @@ class CompiledGraph:
         flat = [a for a in args if isinstance(a, torch.Tensor)]   # a graph's inputs are flat
         states = [state_of(t) for t in flat]
         _check_inputs(states)
-        return _run(program, flat, states)
+        try:
+            return _run(program, flat, states)
+        except _capture.LayoutChanged:
+            return self._new_layout(key, args, states)
+
+    def _new_layout(self, key: tuple, args: Sequence[Any], states) -> Any:
+        """SPMD: the inputs' shardings changed since the program was compiled (their
+        values are computed by now): the program traced for these layouts, or a new one."""
+        layouts = _capture.layouts(states)
+        program = self.laid_out.get((key, layouts))
+        if program is None:
+            _debug(f"graph {self.name}: an input's sharding changed: traced again")
+            return self._first_call(key, args)
+        self.programs[key] = program
+        return _run(program, [a for a in args if isinstance(a, torch.Tensor)], states)
 
     def _first_call(self, key: tuple, args: Sequence[Any]) -> Any:
         telemetry.inc("DynamoExtractCompiledGraph")
@@ -187,7 +206,44 @@ class CompiledGraph:
         _debug(f"graph {self.name}: traced for inputs {[a for a in key]}: {len(program.graph.order)} nodes, "
                f"{len(program.graph.params)} parameters, {len(program.graph.roots)} outputs")
         self.programs[key] = program
-        return _run(program, _capture.input_tensors(args))
+        flat = _capture.input_tensors(args)
+        if program.strategy.name.startswith("spmd"):
+            self.laid_out[(key, _capture.layouts([state_of(t) for t in flat]))] = program
+        return self._run_first(program, flat)
+
+    def _run_first(self, program, flat: list) -> Any:
+        return _run(program, flat)
+
+
+class OneProgramGraph(CompiledGraph):
+    """A dynamo FX graph whose program is applied as one pending IR node at each call
+    (`XLA_DYNAMO_ONE_PROGRAM=1`): the forward's node, the backward's and the optimizer's
+    ops join the same lazy graph, which the step's barrier compiles as one program (keyed
+    by structure: later steps reuse it). Programs that need their own strategy (SPMD,
+    collectives) and calls in eager mode run at once as `CompiledGraph` does."""
+
+    def __call__(self, *args: Any) -> Any:
+        key = _signature(args)
+        program = self.programs.get(key)
+        if program is None:
+            return self._first_call(key, args)
+        if program is _LAZY:
+            with mode.lazy_scope():
+                return self.graph_module(*args)
+        flat = [a for a in args if isinstance(a, torch.Tensor)]
+        states = [state_of(t) for t in flat]
+        if mode.modes.eager or not program.appliable():
+            _check_inputs(states)
+            try:
+                return _run(program, flat, states)
+            except _capture.LayoutChanged:
+                return self._new_layout(key, args, states)
+        return program.outputs(program.apply(flat, states))
+
+    def _run_first(self, program, flat: list) -> Any:
+        if mode.modes.eager or not program.appliable():
+            return _run(program, flat)
+        return program.outputs(program.apply(flat, [state_of(t) for t in flat]))
 
 
 def _run(program, flat: list, states=None) -> Any:
@@ -218,7 +274,11 @@ def extract_compiled_graph(graph_module: torch.fx.GraphModule,
 
     The graph is traced and compiled at the callable's first call, for the shapes of the
     inputs it gets (one program per input signature), so the example `args` (the
-    original traces them at once) are not needed."""
+    original traces them at once) are not needed. With `XLA_DYNAMO_ONE_PROGRAM=1` the
+    callable applies the program as one pending IR node instead of running it
+    (`OneProgramGraph`)."""
+    if _config.get("XLA_DYNAMO_ONE_PROGRAM"):
+        return OneProgramGraph(graph_module)
     return CompiledGraph(graph_module)
 
 
@@ -227,6 +287,6 @@ def extract_compiled_graph_and_run(graph_module: torch.fx.GraphModule, args: Seq
     return extract_compiled_graph(graph_module, args)(*args)
 
 
-__all__ = ["extract_compiled_graph", "NoneRemover", "CompiledGraph", "GraphInputMatcher",
+__all__ = ["extract_compiled_graph", "NoneRemover", "CompiledGraph", "OneProgramGraph", "GraphInputMatcher",
            "UnsupportedNodesCollector", "alias_with_buffer_donor_config"]
 

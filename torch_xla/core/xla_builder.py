@@ -30,6 +30,9 @@ from ._xla_ops import (Type, _XLA_PT_TYPE_MAP, _PT_XLA_TYPE_MAP, _aval_of_shape,
 # Jax functions inside the lazy graph.
 from ._jax_call import (_JAX_TO_XLA_COMPUTATION_CACHE, _jax_to_xla_computation_cache_elements,  # noqa: F401
                         apply_jax_function, call_jax, call_jax_flat, jax_function)
+# Functions of pytrees as flat calls, and tensors without a buffer.
+from ._flat_calls import (CompiledCallableWithCache, FlattenedInputFunc, _NoBuffer, _placeholder,  # noqa: F401
+                          computation_from_module_proto)
 
 
 # Functions whose ignored keyword arguments were already warned about (once per process each).
@@ -669,3 +672,31 @@ def user_computation(opname: str, inputs: Sequence[torch.Tensor], computation: C
     avals = [(tuple(a.shape), pjrt.torch_dtype(a.dtype)) for a in leaves]
     with torch.no_grad():
         return engine_op("xla::user_computation", [t.detach() for t in inputs], (opname, computation), avals)
+
+
+class XlaCallable(CompiledCallableWithCache):
+    """A function written with this module's ops (`Op`), called on xla tensors: each
+    tensor argument becomes a parameter op, the result's ops become the outputs of one
+    computation, applied to the tensors inside the lazy graph. Other arguments are fixed
+    per specialisation."""
+
+    def __init__(self, xla_func: Callable):
+        super().__init__(FlattenedInputFunc(xla_func))
+
+    def specialize(self, sample_flat_args: Sequence[torch.Tensor]) -> Callable:
+        name = 'xla::computation'
+        builder = create_builder(name)
+        params = [mkparam(builder, i, tensor_shape(t)) for i, t in enumerate(sample_flat_args)]
+        root = Op.tuple(self._flat_input_func.flat_call(params), builder=builder)
+        computation = root.build(name)
+
+        def run(tensors):
+            return user_computation(name, tensors, computation)
+        return run
+
+
+def create_placeholder_tensor(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """An xla tensor of `shape` and `dtype` with no device buffer: graphs that read it can
+    be printed (`_get_xla_tensors_hlo`), with it as a parameter, without any transfer;
+    reading its value raises RuntimeError."""
+    return _placeholder(mkshape(Op.from_torch_type(dtype), shape))

@@ -213,14 +213,59 @@ def _unflatten(data, it):
     return data
 
 
+def _send_leaves(leaves: list, device: torch.device, spec) -> list:
+    """The tensors of a batch on `device`; in SPMD mode laid out as `spec` says where it
+    applies (its rank), otherwise replicated over every device, and annotated so."""
+    import torch_xla.runtime as xr
+    if not xr.is_spmd():
+        return xm.send_cpu_data_to_device(leaves, device, spec)
+    from torch_xla._engine import partitioning
+    from torch_xla.distributed.spmd.xla_sharding import send_sharded
+    out = []
+    for t in leaves:
+        if spec is not None and spec.can_apply(t):
+            out.append(send_sharded(t, spec))
+            continue
+        moved = t.to(device)
+        if t.device.type != "xla":
+            partitioning.annotate(moved, partitioning.replicated_sharding())
+        out.append(moved)
+    return out
+
+
 def _send_to_device(data, device: torch.device, input_sharding=None):
+    if isinstance(input_sharding, dict):
+        return _send_dict(data, device, input_sharding)
     leaves: list = []
     _flatten(data, leaves)
     if not leaves:
         return data
     with torch.no_grad():
-        moved = xm.send_cpu_data_to_device(leaves, device, input_sharding)
+        moved = _send_leaves(leaves, device, input_sharding)
     return _unflatten(data, iter(moved))
+
+
+def _send_dict(data, device: torch.device, input_sharding: dict):
+    """A dict batch whose entries each have their own sharding spec (`input_sharding[key]`)."""
+    if not isinstance(data, dict):
+        raise ValueError("input batch should be a dict when input sharding is a dict.")
+    missing = [k for k in data if k not in input_sharding]
+    if missing:
+        raise KeyError(f"Keys: {missing} are missing from input_sharding.")
+    out = {}
+    with torch.no_grad():
+        for k, v in data.items():
+            leaves: list = []
+            _flatten(v, leaves)
+            out[k] = _unflatten(v, iter(_send_leaves(leaves, device, input_sharding[k]))) if leaves else v
+    if type(data) is dict:
+        return out
+    try:
+        typed = type(data)()
+    except TypeError:
+        return out
+    typed.update(out)
+    return typed
 
 
 def _transfer_worker(state: _State, dq: _DeviceQueues) -> None:
@@ -315,7 +360,10 @@ class ParallelLoader:
       device_prefetch_size (int): capacity of each device's queue of uploaded batches.
         Default: 4
       host_to_device_transfer_threads (int): upload threads per device. Default: 1
-      input_sharding: sharding spec passed to `xm.send_cpu_data_to_device`. Default: None
+      input_sharding (ShardingSpec or dict of str to ShardingSpec): SPMD mode: the layout
+        of the batches' tensors over the mesh (a tensor of another rank than the spec's is
+        replicated); a dict gives each key of a dict batch its own spec (a batch that is
+        not a dict is a ValueError, a key it lacks a KeyError). None: replicated. Default: None
     """
 
     def __init__(self, loader, devices, batchdim: int = 0, batches_per_execution: int = 1,

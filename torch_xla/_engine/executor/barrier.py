@@ -13,7 +13,8 @@ from typing import List, Optional
 from .. import env_vars, ir, telemetry, mode, rng, pjrt, partitioning
 from ..tensor import XlaState, pending
 from . import analysis, checks, closures, compile as compiling, dumps, hlo_text, manual, strategies
-from .donation import donatable
+from . import donation
+from .donation import donatable, honours
 from .graph import Graph
 
 _lock = threading.RLock()
@@ -31,6 +32,10 @@ class _Execution:
 
 
 execution = _Execution()
+
+
+class PlaceholderRead(RuntimeError):
+    """A program would read a placeholder tensor (device data without a buffer)."""
 # (state, fn): on_ready callbacks whose value was still pending when they were registered.
 _waiting: list = []
 
@@ -78,13 +83,19 @@ def execute(states: List[XlaState], barrier: bool = False, metric: str = "Execut
                            metric=metric, why=why)
     t0 = _now()
     args = graph.param_values(on_device=strategy is strategies.LOCAL)
-    donate = donatable(graph) if barrier and strategy.donates else ()
-    telemetry.add_sample("InputOutputAliasCount", len(donate))
+    donate = donatable(graph, barrier) if strategy.donates else ()
+    # Leaves the program also outputs (donated, their aliases moved to the copies).
+    copied = donation.copied(graph) if getattr(graph, "copied", None) else None
     args = strategy.to_args(args, graph)
     telemetry.add_sample("UnwrapXlaData", _now() - t0)
     exe = compiling.lookup(graph.key, donate)
+    if exe is not None and not honours(exe.donated, graph, donate):
+        exe = None
     eager = metric != "ExecuteTime"
     if exe is None:
+        _refuse_placeholders(graph, states, barrier, metric, why)   # before a compile it would waste
+        # Sampled per compiled program, as PyTorch/XLA does (a cached run adds nothing).
+        telemetry.add_sample("InputOutputAliasCount", len(donate))
         try:
             exe = compiling.compile_graph(graph, strategy, args, donate,
                                           "EagerOpCompileTime" if metric == "EagerOpExecuteTime" else "CompileTime")
@@ -110,6 +121,7 @@ def execute(states: List[XlaState], barrier: bool = False, metric: str = "Execut
         try:
             outs = exe.compiled(*args)
         except Exception as e:
+            _refuse_placeholders(graph, states, barrier, metric, why)
             dumps.failed(graph, strategy, e, "execution")
             raise
     # Eager mode names its own metric; a program's run is its strategy's. The sample ends
@@ -139,9 +151,66 @@ def execute(states: List[XlaState], barrier: bool = False, metric: str = "Execut
             node = by_array[r] = ir.DeviceData(outs[r], (s.shape, s.dtype))
             node.computed = True
         s.set_data(node)
+    if copied:
+        donation.rebind(copied, outs[len(roots):len(roots) + len(copied)])
     telemetry.add_sample("WrapXlaData", _now() - t0)
     if _waiting:
         _notify_ready()
+
+
+def _refuse_placeholders(graph: Graph, states: List[XlaState], barrier: bool, metric: str, why: str) -> None:
+    """Raises PlaceholderRead when `graph` reads placeholder tensors, naming them. The
+    states that read one are left out of later barriers (they can never be computed:
+    reading them raises again); at a full barrier the others are computed first."""
+    device_data = ir.DeviceData
+    bad = {id(p): s for s, p in enumerate(graph.params)
+           if type(p) is device_data and getattr(p.array, "placeholder", False) is True}
+    if not bad:
+        return
+    names = ", ".join(f"{graph.params[s].array!r} (parameter {s})" for s in bad.values())
+    error = PlaceholderRead(
+        f"the program computing these tensors reads a placeholder tensor: {names}. A placeholder "
+        "(`create_placeholder_tensor`) has no device buffer: the graphs that read it can be printed "
+        "(`_get_xla_tensors_hlo`, `_get_xla_tensors_text`), not run")
+    reads = _reaching(states, bad)
+    if barrier:   # the barrier took them off the pending list: the others only go back
+        rest = [s for s in states if id(s) not in reads]
+        if rest:
+            execute(rest, barrier=True, metric=metric, why=why)
+    else:
+        _forget(reads)
+    raise error
+
+
+def _forget(state_ids: set) -> None:
+    """Takes the states `state_ids` off the pending list (the barrier's roots)."""
+    refs = pending.refs
+    with pending.lock:
+        # Appends (other threads tracing, without the lock) only land after `n`.
+        n = len(refs)
+        for i in range(n - 1, -1, -1):
+            s = refs[i]()
+            if s is not None and id(s) in state_ids:
+                del refs[i]
+
+
+def _reaching(states: List[XlaState], leaves: dict) -> set:
+    """ids of the states whose pending IR reads one of `leaves` (ids of nodes)."""
+    memo = {}
+
+    def reads(root) -> bool:
+        stack = [(root, False)]
+        while stack:
+            n, expanded = stack.pop()
+            if id(n) in memo:
+                continue
+            if expanded:
+                memo[id(n)] = id(n) in leaves or any(memo[id(o)] for o, _ in n.operands)
+                continue
+            stack.append((n, True))
+            stack.extend((o, False) for o, _ in n.operands if id(o) not in memo)
+        return memo[id(root)]
+    return {id(s) for s in states if reads(s.node)}
 
 
 def on_ready(state: XlaState, fn) -> None:
@@ -190,8 +259,9 @@ def sync(wait: bool = False, states: Optional[List[XlaState]] = None) -> None:
             telemetry.add_sample("TensorsGraphSize", len(live))
             try:
                 execute(live, barrier=states is None, why=analysis.SYNC if states is None else analysis.PARTIAL)
-            except BaseException:
-                if states is None:
+            except BaseException as e:
+                # The states that read a placeholder are left out (they can never run).
+                if states is None and not isinstance(e, PlaceholderRead):
                     pending.restore(live)
                 raise
         if states is None:
@@ -252,18 +322,71 @@ def hlo_module(roots):
     return comp.as_serialized_hlo_module_proto(), list(graph.params)
 
 
+def printed_param_order(graph: Graph) -> List[int]:
+    """The graph's parameter slots in the order PyTorch/XLA numbers the parameters of the
+    programs it prints: the order a post-order walk meets them that, at each node, walks
+    the last operand first (roots in turn)."""
+    state = {}   # id(node) -> False while its operands are walked, True once emitted
+    order = []
+    slot = graph.slot
+    for root, _ in graph.roots:
+        stack = [root]
+        while stack:
+            n = stack[-1]
+            done = state.get(id(n))
+            if done is None:
+                state[id(n)] = False
+                stack.extend(o for o, _ in n.operands if id(o) not in state)
+            else:
+                stack.pop()
+                if done is False:
+                    state[id(n)] = True
+                    if id(n) in slot:
+                        order.append(slot[id(n)])
+    return order
+
+
+def _printed_lowering(graph: Graph, strategy, manual_text: bool):
+    """`compiling.lowered` with the parameters in `printed_param_order` (the text only:
+    executed programs keep the graph's slot order)."""
+    from . import unbounded
+    perm = printed_param_order(graph)
+    if unbounded.marked(graph) or perm == list(range(len(graph.params))):
+        return compiling.lowered(graph, strategy, manual_text=manual_text)
+    from .lower import build_fn
+    jax = pjrt.jax_module()
+    args = strategy.to_args(graph.param_values(), graph)
+    fn = strategy.wrap(build_fn(graph, False, manual_text=manual_text), graph)
+    n = len(perm)
+
+    def printed(*given):
+        ordered = [None] * n
+        for k, s in enumerate(perm):
+            ordered[s] = given[k]
+        return fn(*ordered)
+    printed.__name__ = getattr(fn, "__name__", "fn")   # the module's name (`jit_fn`)
+    return jax.jit(printed, keep_unused=True, **strategy.jit_options(graph, args)).lower(*[args[s] for s in perm])
+
+
 def lower_text(roots, dialect: str = "stablehlo") -> str:
     """The text of the program computing `roots` (no execution): StableHLO, or XLA's HLO
     (`dialect="hlo"`, with the sharding annotations before partitioning); with
-    XLA_HLO_DEBUG, with locations (each op's Python source line)."""
+    XLA_HLO_DEBUG, with locations (each op's Python source line).
+
+    The HLO is printed as PyTorch/XLA prints it: parameters numbered in its order
+    (`printed_param_order`), the results in one tuple."""
     from .. import env_vars
     debug = bool(env_vars.get("XLA_HLO_DEBUG"))
     graph, strategy = walk(roots)
     # A region left unfinished (per-device results) can be printed, not run: as the
     # original prints it, with XLA's SPMD custom calls at its edges.
-    low = compiling.lowered(graph, strategy, manual_text=bool(manual.per_device_roots(graph)))
+    manual_text = bool(manual.per_device_roots(graph))
     if dialect != "hlo":
-        return low.as_text(dialect=dialect, debug_info=debug)
+        low = compiling.lowered(graph, strategy, manual_text=manual_text)
+        from ..lowering import qdq
+        # Quantize / dequantize print as StableHLO's uniform ops (lowering/qdq.py).
+        return qdq.rewrite_text(low.as_text(dialect=dialect, debug_info=debug))
+    low = _printed_lowering(graph, strategy, manual_text)
     # XLA's full text form: operand shapes inline (`convert(bf16[16,10]{1,0} %p0)`), as
     # HLO dumps print them, so one line tells an op's input and output types; without
     # XLA_HLO_DEBUG the instructions are named by opcode (`%exponential.3`), not by the
@@ -271,11 +394,9 @@ def lower_text(roots, dialect: str = "stablehlo") -> str:
     from jax._src.interpreters import mlir
     from jax._src.lib import _jax
     from jaxlib import xla_client
-    if debug:
-        comp = low.compiler_ir("hlo")
-    else:
-        text = mlir.module_to_string(low.compiler_ir("stablehlo"), enable_debug_info=False)
-        comp = _jax.mlir.mlir_module_to_xla_computation(text, use_tuple_args=False)
+    module = low.compiler_ir("stablehlo")
+    text = mlir.module_to_bytecode(module) if debug else mlir.module_to_string(module, enable_debug_info=False)
+    comp = _jax.mlir.mlir_module_to_xla_computation(text, use_tuple_args=False, return_tuple=True)
     opts = xla_client.hlo.HloPrintOptions()
     opts.print_large_constants = True
     opts.print_operand_shape = True

@@ -72,7 +72,7 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple, metric: str = "Co
             hit = persistent.load(pkey)
             if hit is not None:
                 return Executable(hit[0], donate, pol.paced_bytes(hit[0]), hit[1])
-    fn = strategy.wrap(build_fn(graph, pol.patch_convolutions, checks=True), graph)
+    fn = strategy.wrap(build_fn(graph, pol.patch_convolutions, checks=True, widen_int4_dots=pol.widen_int4_dots), graph)
     if not strategy.donates:
         donate = ()
     pol.before_compile()
@@ -97,6 +97,7 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple, metric: str = "Co
             if again is None:
                 raise
             lowered, compiled = build(again)
+    strategy.compiled()
     telemetry.inc("UncachedCompile")
     telemetry.inc("CreateCompileHandles")
     telemetry.inc("StableHloCompile")   # every program is compiled from its StableHLO module

@@ -51,6 +51,13 @@ def _aval(a) -> str:
     return f"{dtype_text(dt)}[{','.join(map(str, a[0]))}]"
 
 
+def _aval_layout(a) -> str:
+    """`_aval` with the default (row-major) layout, as XLA prints a shape: `f32[2,3]{1,0}`."""
+    rank = len(a[0])
+    layout = "{" + ",".join(map(str, range(rank - 1, -1, -1))) + "}" if rank else ""
+    return _aval(a) + layout
+
+
 def _node_desc(n, names, consts=None) -> str:
     t = type(n)
     if t is ir.DeviceData:
@@ -130,7 +137,7 @@ def ir_text(order: List, roots: List[tuple]) -> str:
         root_ids.setdefault(id(n), i)
     for n in order:
         names[id(n)] = f"%{len(names) + first}"
-        shapes = ", ".join(_aval(a) for a in n.avals if a is not None)
+        shapes = ", ".join(_aval_layout(a) for a in n.avals if a is not None)
         src = sources.get(n) if sources else None
         loc = f", location={src}" if src else ""
         root = f", ROOT={root_ids[id(n)]}" if id(n) in root_ids else ""
@@ -165,6 +172,9 @@ def graph_text(graph, strategy, fmt: str) -> str:
     if fmt == "dot":
         return ir_dot(graph.order, graph.roots)
     if fmt == "hlo":
+        if env_vars.get("XLA_DUMP_POST_OPTIMIZATIONS"):
+            from .hlo_text import optimized_graph
+            return optimized_graph(graph, strategy)
         text = _hlo_cache.get(graph.key)
         if text is None:
             from .compile import lowered
@@ -174,16 +184,46 @@ def graph_text(graph, strategy, fmt: str) -> str:
     return ir_text(graph.order, graph.roots)
 
 
-def executed(graph, strategy, cause: str, frames: List[str]) -> None:
-    """XLA_SAVE_TENSORS_FILE: appends the graph that is about to run."""
+def saved_tensors_path() -> str:
+    """The file of XLA_SAVE_TENSORS_FILE for this process: the name with this process's
+    device ordinal appended (`graphs.txt.0`), so that the processes of a job each write
+    their own; '' when unset."""
     path = env_vars.get("XLA_SAVE_TENSORS_FILE")
+    return f"{path}.{pjrt.device_index()}" if path else ""
+
+
+def executed(graph, strategy, cause: str, frames: List[str]) -> None:
+    """XLA_SAVE_TENSORS_FILE: appends the graph that is about to run (compiled already),
+    and, for an SPMD program in the `hlo` format, the sharding of each of its outputs."""
+    path = saved_tensors_path()
     if not path:
         return
     from .analysis import graph_hash
-    head = [f"[ScheduleSyncTensorsGraph] cause: {cause}", f"Graph Hash: {graph_hash(graph.key)}",
-            "TensorsGraphInfo:"] + ["  " + f for f in frames] + [""]
+    fmt = env_vars.get("XLA_SAVE_TENSORS_FMT")
+    roots = ", ".join(graph_hash(n.hash) for n, _ in graph.roots)
+    text = (f"[ScheduleSyncTensorsGraph] cause: {cause}\nTensorsGraphInfo:\n" + "".join(f"  {f}\n" for f in frames)
+            + f"\nRoot Hashes: ({roots})\n\n## BEGIN_GRAPH\n" + graph_text(graph, strategy, fmt)
+            + f"\nGraph Hash: {graph_hash(graph.key)}\n\n## END_GRAPH\n\n")
+    if fmt == "hlo":
+        text += _output_shardings(graph, strategy)
     with open(path, "a") as fh:
-        fh.write("\n".join(head) + "\n" + graph_text(graph, strategy, env_vars.get("XLA_SAVE_TENSORS_FMT")) + "\n")
+        fh.write(text)
+
+
+def _output_shardings(graph, strategy) -> str:
+    """The layout XLA chose for each output of an SPMD program (`f32[8,32] {devices=...}`)."""
+    from . import compile as compiling, strategies
+    if not isinstance(strategy, strategies.Spmd):
+        return ""
+    from .. import partitioning
+    exe = compiling.lookup(graph.key, tuple(range(len(graph.params))))
+    shardings = getattr(getattr(exe, "compiled", None), "output_shardings", None) or ()
+    lines = []
+    for k, (n, i) in enumerate(graph.roots):
+        aval = n.avals[i]
+        sh = shardings[k] if k < len(shardings) else None
+        lines.append(f"{_aval(aval)} {partitioning.spec_text(sh, len(aval[0])) if sh is not None else '{unknown}'}\n")
+    return "\n#OUTPUT_SHARDING_BEGIN\n\n" + "".join(lines) + "\n#OUTPUT_SHARDING_END\n\n"
 
 
 def step() -> None:

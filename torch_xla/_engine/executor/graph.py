@@ -107,7 +107,10 @@ class Graph:
         return out
 
     def op_avals(self):
-        """(op name, first output aval) of every op node (for platform policies)."""
+        """(op name, first output aval) of every op node, those of traced bodies (scan,
+        while_loop, call_subgraph) included (for platform policies)."""
         for n in self.order:
             if n.lowering is not None and n.avals and n.avals[0] is not None:
                 yield n.op, n.avals[0]
+            for body in getattr(n.args[-1] if n.args else None, "bodies", ()):
+                yield from body._graph.op_avals()

@@ -91,7 +91,7 @@ def _lower_splats(a, ops, vals, plan) -> tuple:
 
 
 def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False, manual_text: bool = False,
-             constants: Optional[dict] = None):
+             constants: Optional[dict] = None, widen_int4_dots: bool = False):
     """A pure function params -> root values, evaluating the nodes with their lowerings.
 
     `constants`: parameter slot -> host value compiled into the program instead (the
@@ -151,6 +151,7 @@ def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False, manua
 
     def fn(*params):
         lowering_ctx.patch_convolutions = patch_convolutions
+        lowering_ctx.widen_int4_dots = widen_int4_dots
         lowering_ctx.manual_text = manual_text
         recorded = lowering_ctx.checks = [] if checked else None
         try:

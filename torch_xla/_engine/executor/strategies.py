@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import ir, job, mode, pjrt, partitioning
+from .. import auto_sharding, ir, job, mode, pjrt, partitioning
 from ..lowering import ctx as lowering_ctx
 from .graph import Graph
 
@@ -30,6 +30,9 @@ class Strategy:
     def jit_options(self, graph: Graph, args) -> dict:
         """Extra `jax.jit` arguments for this graph."""
         return {}
+
+    def compiled(self) -> None:
+        """Called once per program compiled with this strategy (not for text dumps)."""
 
     def retry_options(self, graph: Graph, args, error: Exception):
         """`jax.jit` arguments to compile again with after `error`, or None to raise it."""
@@ -108,16 +111,25 @@ class Replicated(Strategy):
 
 
 class Spmd(Local):
-    name = "spmd"
     persistable = False
     execute_metric = "ExecuteReplicatedTime"
 
+    @property
+    def name(self) -> str:
+        # Automatic sharding makes another program of the same graph (inputs laid out by
+        # its rule, on its mesh): keyed apart.
+        return auto_sharding.key_name() if auto_sharding.enabled() else "spmd"
+
     def to_args(self, args, graph: Graph):
         # Host data goes to the devices now (once: the leaf keeps the placed array); data
-        # placed before SPMD mode (on one device) joins the mesh, replicated.
+        # placed before SPMD mode (on one device) joins the mesh, replicated, or, under
+        # automatic sharding, as its rule lays it out.
+        auto = auto_sharding.enabled()
         out = []
         for a, p in zip(args, graph.params):
-            if type(a) is pjrt.HostArray:
+            if auto and (type(a) is pjrt.HostArray or _on_device(a)):
+                a = auto_sharding.place(p, a)
+            elif type(a) is pjrt.HostArray:
                 a = p.array = a.place()
             elif _on_device(a):
                 a = partitioning.on_mesh(a)
@@ -125,6 +137,13 @@ class Spmd(Local):
         return out
 
     def jit_options(self, graph: Graph, args) -> dict:
+        return self._placement(graph, args)
+
+    def compiled(self) -> None:
+        if auto_sharding.enabled():
+            auto_sharding.count_compile()
+
+    def _placement(self, graph: Graph, args) -> dict:
         """Without device data among the inputs jax would place the program on one device:
         its outputs are then replicated over all devices, or laid out as constrained."""
         if any(_on_device(a) for a in args):
@@ -149,7 +168,7 @@ class Spmd(Local):
             return None
         ins = tuple(partitioning.gspmd(a.sharding, ndim=a.ndim) if _on_device(a) else partitioning.replicated_sharding()
                     for a in args)
-        return {"in_shardings": ins, **self.jit_options(graph, args)}
+        return {"in_shardings": ins, **self._placement(graph, args)}
 
 
 def _on_device(a) -> bool:

@@ -28,7 +28,7 @@ import torch
 from .. import env_vars, executor, ir, telemetry, mode
 from ..lowering import LOWERINGS, load_all
 from ..tensor import make_tensor, state_of, wrap_user
-from . import (grad_scaling, autocast, compiled_ops, decompositions, handwritten as hw, library, mutating,
+from . import (grad_scaling, autocast, compiled_ops, decompositions, handwritten as hw, library, mutating, nn_chunked,
                storage, values)
 from .fallback import cpu_fallback, fallback_kernel
 from .op_kernel import KERNELS, OpKernel, freeze
@@ -108,6 +108,7 @@ def register() -> None:
     library.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
     library.fallback(fallback_kernel, "PrivateUse1")
     compiled_ops.register(library, engine_op)
+    nn_chunked.register()
     if env_vars.get("XLA_HLO_DEBUG"):
         ir.record_sources()
     library.impl("_fft_r2c", hw.k_fft_r2c_autograd, "AutogradPrivateUse1")

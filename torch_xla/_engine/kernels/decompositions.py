@@ -18,10 +18,6 @@ from .. import telemetry
 # aten overloads (packet.overload) whose decompositions use only lowered ops.
 DECOMPOSED = (
     "_chunk_cat.default",
-    "_batch_norm_with_update.default",
-    "_upsample_bilinear2d_aa.vec",
-    "multi_margin_loss.default",
-    "multilabel_margin_loss_forward.default",
     "max_unpool2d.default",
     "max_unpool3d.default",
     "grid_sampler_2d.default",
@@ -40,7 +36,6 @@ DECOMPOSED = (
     "addmm.dtype",
     "baddbmm.dtype",
     "_batch_norm_no_update.default",
-    "_batch_norm_with_update_functional.default",
     "_unsafe_masked_index.default",
     "_unsafe_masked_index_put_accumulate.default",
     "_weight_norm_interface.default",
@@ -59,6 +54,110 @@ DECOMPOSED = (
     "unsafe_split.Tensor",
     "unsafe_split_with_sizes.default",
 )
+
+
+def _masked_select(x, mask):
+    """The selected elements gathered on the device at the positions of the mask's
+    nonzero elements (one host read of their count, as `nonzero`)."""
+    if mask.dtype != torch.bool:
+        raise RuntimeError(f"masked_select: expected BoolTensor for mask, got {mask.dtype}")
+    x, mask = torch.broadcast_tensors(x, mask)
+    pos = torch.ops.aten.nonzero(mask.reshape(-1)).reshape(-1)
+    return torch.ops.aten.index_select(x.reshape(-1), 0, pos)
+
+
+def _runs(values, sorted_flat):
+    """(first position of each run of equal elements, run number of each element) of a
+    1-D tensor; NaNs are all distinct, as on the CPU."""
+    n = sorted_flat.shape[0]
+    head = torch.ones((1,), dtype=torch.bool, device=sorted_flat.device)
+    new = torch.cat([head, sorted_flat[1:] != sorted_flat[:-1]]) if n > 1 else head[:n]
+    starts = torch.ops.aten.nonzero(new).reshape(-1)
+    return starts, torch.cumsum(new.long(), 0) - 1
+
+
+def _counts(starts, n):
+    end = torch.full((1,), n, dtype=torch.int64, device=starts.device)
+    return torch.cat([starts[1:], end]) - starts
+
+
+def _unique2(x, sorted=True, return_inverse=False, return_counts=False):
+    """torch.unique without dim: a stable sort on the device, the runs of equal values
+    found with one `nonzero` host read. The CPU sorts whatever `sorted` says."""
+    empty = torch.zeros((0,), dtype=torch.int64, device=x.device)
+    flat = x.reshape(-1)
+    n = flat.shape[0]
+    if n == 0:
+        return flat, (torch.zeros(x.shape, dtype=torch.int64, device=x.device) if return_inverse else empty), empty
+    vals, perm = torch.sort(flat, stable=True)
+    starts, run = _runs(vals, vals)
+    out = torch.ops.aten.index_select(vals, 0, starts)
+    inverse = empty
+    if return_inverse:
+        inverse = torch.zeros((n,), dtype=torch.int64, device=x.device).scatter(0, perm, run).reshape(x.shape)
+    return out, inverse, _counts(starts, n) if return_counts else empty
+
+
+def _unique(x, sorted=True, return_inverse=False):
+    out, inverse, _ = _unique2(x, sorted, return_inverse, False)
+    return out, inverse
+
+
+def _unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
+    """torch.unique_consecutive without dim, as `_unique2` without the sort."""
+    if dim is not None:
+        from .fallback import cpu_fallback
+        return cpu_fallback(torch.ops.aten.unique_consecutive.default, (x, return_inverse, return_counts, dim), {})
+    empty = torch.zeros((0,), dtype=torch.int64, device=x.device)
+    flat = x.reshape(-1)
+    n = flat.shape[0]
+    if n == 0:
+        return flat, (torch.zeros(x.shape, dtype=torch.int64, device=x.device) if return_inverse else empty), empty
+    starts, run = _runs(flat, flat)
+    out = torch.ops.aten.index_select(flat, 0, starts)
+    inverse = run.reshape(x.shape) if return_inverse else empty
+    return out, inverse, _counts(starts, n) if return_counts else empty
+
+
+def _saved_stats_in_input_dtype(name):
+    """torch._decomp's decomposition of batch norm op `name` with the saved mean and rstd
+    (outputs 1 and 2) in the input's dtype, as the CPU returns them (the decomposition
+    keeps CUDA's float32)."""
+    def fn(x, weight, bias, *args):
+        from torch._decomp import decomposition_table
+        packet, ov = name.split(".", 1)
+        # The decomposition asks PyTorch for a backend with tensors in every slot.
+        c = x.shape[1] if x.dim() > 1 else 1
+        if weight is None:
+            weight = torch.ones((c,), dtype=x.dtype, device=x.device)
+        if bias is None:
+            bias = torch.zeros((c,), dtype=x.dtype, device=x.device)
+        out = list(decomposition_table[getattr(getattr(torch.ops.aten, packet), ov)](x, weight, bias, *args))
+        out[1], out[2] = out[1].to(x.dtype), out[2].to(x.dtype)
+        return tuple(out)
+    return fn
+
+
+def _multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
+    """torch._decomp's decomposition; a 1-D input's unreduced loss is 0-d, as on the CPU."""
+    from torch._decomp import decomposition_table
+    out = decomposition_table[torch.ops.aten.multi_margin_loss.default](x, target, p, margin, weight, reduction)
+    return out.reshape(()) if x.dim() <= 1 and reduction == 0 else out
+
+
+# The project's own decompositions of ops with data-dependent output shapes, which
+# torch._decomp leaves out: everything but a `nonzero` (its count read by the host) runs
+# on the device.
+OWN = {
+    "masked_select.default": _masked_select,
+    "_unique2.default": _unique2,
+    "_unique.default": _unique,
+    "multi_margin_loss.default": _multi_margin_loss,
+    "unique_consecutive.default": _unique_consecutive,
+    "_batch_norm_with_update.default": _saved_stats_in_input_dtype("_batch_norm_with_update.default"),
+    "_batch_norm_with_update_functional.default":
+        _saved_stats_in_input_dtype("_batch_norm_with_update_functional.default"),
+}
 
 
 class DecompKernel:
@@ -88,4 +187,8 @@ def kernels(lowered) -> Dict[str, DecompKernel]:
         if fn is None:
             raise RuntimeError(f"torch._decomp has no decomposition of aten::{name}")
         out[packet if ov == "default" else name] = DecompKernel(fn, name)
+    for name, fn in OWN.items():
+        if name not in lowered:
+            packet, ov = name.split(".", 1)
+            out[packet if ov == "default" else name] = DecompKernel(fn, name)
     return out

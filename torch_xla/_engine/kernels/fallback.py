@@ -10,7 +10,7 @@ import torch
 
 from .. import telemetry
 from ..tensor import unwrap
-from . import messages
+from . import cpu_operand, messages
 from .values import from_cpu, set_data, to_cpu
 
 
@@ -18,8 +18,9 @@ _CPU_OPERANDS_OK = frozenset({"index", "index_put", "index_put_", "_index_put_im
                               "_unsafe_index_put", "copy_", "_copy_from", "_copy_from_and_resize"})
 
 
-def check_devices(name, args, kwargs):
-    """PyTorch's same-device rule: XLA tensors mixed with non-scalar CPU tensors is an error."""
+def check_devices(name, args, kwargs, allow_cpu: bool = False):
+    """PyTorch's same-device rule: XLA tensors mixed with non-scalar tensors of another
+    device (but the CPU when `allow_cpu`) is an error."""
     devs = set()
     xla = []
 
@@ -28,7 +29,7 @@ def check_devices(name, args, kwargs):
             if a.device.type == "xla":
                 if not xla:
                     xla.append(str(a.device))  # every xla tensor of a process is on its one device
-            elif a.dim() > 0:
+            elif a.dim() > 0 and not (allow_cpu and a.device.type == "cpu"):
                 devs.add(str(a.device))
         elif isinstance(a, (list, tuple)):
             for x in a:
@@ -48,7 +49,8 @@ def cpu_fallback(op, args, kwargs):
     """Runs `op` in eager PyTorch on the CPU and moves the results back to the device."""
     namespace, _, name = op._schema.name.rpartition("::")
     if name not in _CPU_OPERANDS_OK:
-        check_devices(name, args, kwargs)
+        # With XLA_CPU_OPERAND=move a CPU operand is welcome: the op runs on the CPU anyway.
+        check_devices(name, args, kwargs, allow_cpu=cpu_operand.moves())
     telemetry.inc(f"{namespace or 'aten'}::{name}")
     xla_args = []
 

@@ -59,9 +59,28 @@ def impl_ns(ns: str, name: str, fn: Callable, key: str) -> None:
     _libs[ns + ":def"].impl(name, fn, key)
 
 
+def impl_foreign(ns: str, name: str, fn: Callable, key: str) -> None:
+    """Registers `fn` as the kernel of another library's op `ns::name` for dispatch key
+    `key` (PyTorch's `torch_nn::` and `quantized_decomposed::` ops; the op may be defined
+    after this call, when its module is imported)."""
+    _lib(ns).impl(name, fn, key)
+
+
 def fallback(fn: Callable, key: str) -> None:
     """Registers `fn(op, *args, **kwargs)` for every op without a kernel for `key`."""
     lib = _libs.get("_")
     if lib is None:
         lib = _libs["_"] = torch.library.Library("_", "IMPL")
     lib.fallback(fn, key)
+
+
+def derivative(ns: str, name: str, backward: Callable, setup_context: Callable) -> None:
+    """Registers the derivative of this package's op `ns::name` (`torch.library.register_autograd`)."""
+    torch.library.register_autograd(f"{ns}::{name}", backward, setup_context=setup_context, lib=_libs[ns + ":def"])
+
+
+def side_effectful(ns: str, name: str) -> None:
+    """Keeps this package's op `ns::name` in FX graphs when its result is unused (an op that
+    acts on its input, which graph passes' dead-code elimination would otherwise drop)."""
+    from torch.fx import node as fx_node
+    fx_node._side_effectful_functions.add(getattr(getattr(torch.ops, ns), name).default)

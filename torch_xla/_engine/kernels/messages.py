@@ -15,6 +15,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+from .. import env_vars
 from ..executor.dumps import dtype_text
 
 _BY_OP: Dict[str, Callable[[dict], Optional[str]]] = {}
@@ -126,6 +127,26 @@ def _div(args):
         return None
     return (f"div(): invalid rounding mode `{mode}`. Expected it to be either 'trunc', 'floor', "
             f"or be left unspecified.")
+
+
+@_for("aten::expand_copy", "aten::expand")
+def _expand(args):
+    # With functionalization, PyTorch's own check of the view (run on meta tensors before
+    # the device sees the op) raises first: PyTorch/XLA words these only without it.
+    if not env_vars.get("XLA_DISABLE_FUNCTIONALIZATION"):
+        return None
+    x, sizes = args["self"], [int(v) for v in args["size"]]
+    if x.dim() > len(sizes):
+        return (f"expand(): expected the `input` tensor {_shape(x)} (rank: {x.dim()}) to have a rank "
+                f"smaller or equal to the given `sizes` [{', '.join(map(str, sizes))}] (rank: {len(sizes)}).")
+    base = len(sizes) - x.dim()
+    for i, have in enumerate(x.shape):
+        want = sizes[base + i]
+        if want != -1 and have != 1 and want != have:
+            return (f"expand(): expected dimension {base + i} of the given `sizes` [{', '.join(map(str, sizes))}] "
+                    f"({want}) to be -1, or equal to the size of the `input` tensor {_shape(x)} at dimension "
+                    f"{i} ({have}).")
+    return None
 
 
 @_for("aten::flip")

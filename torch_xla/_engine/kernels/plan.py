@@ -27,9 +27,9 @@ from typing import Any, Dict, List, Tuple
 
 import torch
 
-from .. import env_vars, ir, job, pjrt
+from .. import env_vars, ir, job
 from ..tensor import XlaState, state_of
-from . import values
+from . import cpu_operand, values
 
 TENSOR, OPT_TENSOR, TENSOR_LIST, OPT_TENSOR_LIST, SCALAR, OPT_SCALAR, STATIC = range(7)
 KIND_NAMES = ("TENSOR", "OPT_TENSOR", "TENSOR_LIST", "OPT_TENSOR_LIST", "SCALAR", "OPT_SCALAR", "STATIC")
@@ -80,7 +80,8 @@ def _scalar_state(t: torch.Tensor) -> XlaState:
 
 
 def _tensor_state(t, op_name) -> XlaState:
-    """The state of an operand; a 0-d CPU tensor becomes a graph parameter."""
+    """The state of an operand; a 0-d CPU tensor becomes a graph parameter, another CPU
+    tensor a device copy or PyTorch's same-device error (`cpu_operand.py`)."""
     if t.device.type == "xla":
         try:
             return t._xla
@@ -88,9 +89,7 @@ def _tensor_state(t, op_name) -> XlaState:
             return state_of(t)
     if t.dim() == 0 and t.device.type == "cpu":
         return _scalar_state(t)
-    raise RuntimeError(
-        f"Expected all tensors to be on the same device, but found at least two devices, "
-        f"xla:{pjrt.device_index()} and {t.device}! (when checking argument for {op_name})")
+    return cpu_operand.to_device(t, op_name)
 
 
 def add_params(scalars, dtype, argv: list, ops: list) -> None:

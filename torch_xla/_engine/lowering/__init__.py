@@ -29,6 +29,6 @@ __all__ = ["LOWERINGS", "Lowering", "LoweringError", "apply", "check_range", "ch
 
 def load_all() -> None:
     """Imports every lowering family (each registers itself)."""
-    from . import (elementwise, reductions, selection, ctc, shape_ops, nn_ops, conv, pooling, indexing,  # noqa: F401
-                   factories, custom, rnn, control_flow,
-                   linalg, random_ops, collectives, foreach, fft, special, sharding, amp, composite, jax_call)
+    from . import (elementwise, reductions, selection, ctc, shape_ops, nn_ops, resampling, conv, pooling,  # noqa: F401
+                   indexing, factories, custom, rnn, control_flow, linalg, random_ops, collectives, foreach, fft,
+                   special, sharding, amp, composite, jax_call, quant, qdq)

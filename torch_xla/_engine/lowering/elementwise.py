@@ -97,8 +97,22 @@ def fmod(x, y):
 @lowering("aten::pow.Tensor_Tensor", "aten::pow.Scalar", promote=True)
 def pow_(x, y):
     if not _is_float(x) and not jnp.issubdtype(jnp.result_type(x), jnp.complexfloating):
-        return lax.integer_pow(x, y) if isinstance(y, int) else jnp.power(x, y)
+        if isinstance(y, int) and y >= 0:
+            return lax.integer_pow(x, y)
+        return _int_power(x, y)
     return jnp.power(x, y)
+
+
+def _int_power(x, y):
+    """Integer power as PyTorch's: a negative exponent gives 0 but for the bases 1 and -1
+    (jax's power is undefined there); other exponents wrap around as repeated products."""
+    y = jnp.asarray(y)
+    if x.dtype == jnp.bool_:
+        return jnp.power(x, y)
+    pos = jnp.power(x, jnp.maximum(y, 0).astype(y.dtype))
+    one = jnp.ones((), x.dtype)
+    neg = jnp.where(x == 1, one, jnp.where(x == -1, jnp.where(y % 2 == 0, one, -one), jnp.zeros((), x.dtype)))
+    return jnp.where(y < 0, neg, pos)
 
 
 # A scalar exponent is part of the program, not a parameter, so the exponents PyTorch's
@@ -493,7 +507,9 @@ def mish(x):
 
 @lowering("aten::log_sigmoid_forward", promote=True)
 def log_sigmoid_forward(x):
-    return jax.nn.log_sigmoid(x), jnp.zeros((0,), x.dtype)
+    # The buffer is what the CPU kernel stores for its backward: exp(-|x|), shaped as x.
+    buf = jnp.exp(-jnp.abs(x))
+    return jax.nn.log_sigmoid(x), buf if buf.shape == tuple(out_shape(1)) else jnp.zeros(out_shape(1), x.dtype)
 
 
 @lowering("aten::log_sigmoid_backward", promote=True)
@@ -554,3 +570,15 @@ def identity(x):
 @lowering("aten::zero")
 def zero(x):
     return jnp.zeros(x.shape, x.dtype)
+
+
+@lowering("aten::gcd", promote=True)
+def gcd(x, y):
+    return jnp.gcd(x, y)
+
+
+@lowering("aten::lcm", promote=True)
+def lcm(x, y):
+    # PyTorch's: |x / gcd * y| (0 when either is 0), wrapping as int64 products do.
+    g = jnp.gcd(x, y)
+    return jnp.abs(jnp.where(g == 0, jnp.zeros((), x.dtype), x // jnp.where(g == 0, 1, g).astype(x.dtype)) * y)

@@ -20,7 +20,7 @@ def full(size, value, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.full(tuple(size), value, out_dtype())
 
 
-@lowering("aten::zeros")
+@lowering("aten::zeros", "aten::_efficientzerotensor")
 def zeros(size, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.zeros(tuple(size), out_dtype())
 

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .table import lowering, out_dtype
+from .table import lowering, matmul_precision, out_dtype
 
 _HALF = (jnp.bfloat16, jnp.float16)
 
@@ -244,4 +244,5 @@ def foreach_max(xs):
 
 @lowering("aten::_foreach_mm")
 def foreach_mm(xs, ys):
-    return [jnp.matmul(x, y, preferred_element_type=_cdt(i)) for i, (x, y) in enumerate(zip(xs, ys))]
+    return [jnp.matmul(x, y, precision=matmul_precision(), preferred_element_type=_cdt(i))
+            for i, (x, y) in enumerate(zip(xs, ys))]

@@ -108,7 +108,13 @@ def _index_put_int(x, indices, values, accumulate):
     idx = _full_index(indices, x.ndim)
     v = jnp.asarray(values).astype(x.dtype)
     ref = x.at[idx]
-    return ref.add(v) if accumulate else ref.set(v)
+    return _accumulate(ref, v) if accumulate else ref.set(v)
+
+
+def _accumulate(ref, v):
+    """`ref.add(v)` of a jax `.at[]` reference; a bool sum is a logical or (XLA has no
+    bool scatter-add)."""
+    return ref.max(v) if v.dtype == jnp.bool_ else ref.add(v)
 
 
 @lowering("aten::index_put", "aten::index_put.hacked_twin", checked=True)
@@ -312,7 +318,7 @@ def _index_update(x, dim, index, source, op):
         src = jnp.reshape(src, (1,) * x.ndim)
     ref = x.at[_along(x.ndim, dim, index)]
     src = src.astype(x.dtype)
-    return ref.add(src) if op == "add" else ref.set(src)
+    return _accumulate(ref, src) if op == "add" else ref.set(src)
 
 
 @lowering("aten::index_add", checked=True)
@@ -381,7 +387,7 @@ def put(x, index, source, accumulate=False):
     flat = jnp.reshape(x, (-1,))
     i = jnp.reshape(index, (-1,))
     s = jnp.reshape(source, (-1,)).astype(x.dtype)
-    out = flat.at[i].add(s) if accumulate else flat.at[i].set(s)
+    out = _accumulate(flat.at[i], s) if accumulate else flat.at[i].set(s)
     return jnp.reshape(out, x.shape)
 
 
@@ -611,3 +617,122 @@ def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, of
     g = jnp.take(grad, jnp.minimum(ids, nb - 1), axis=0)
     w = jnp.take(weight, idx, axis=0, mode="clip").astype(g.dtype)
     return jnp.where(valid, jnp.sum(g * w, axis=1), jnp.zeros((), g.dtype))
+
+
+# ---- histogram / histogramdd ---------------------------------------------------------------
+# The CPU's kernels: edges from the range (or the data's, widened by 0.5 when empty) as
+# linspace computes them in the input dtype; an element lands in the last edge not above
+# it, the rightmost edge in the last bin, elements outside the edges (and NaNs) nowhere.
+
+def _linspace_cpu(lo, hi, steps, dt):
+    """torch.linspace as the CPU computes it: from the start for the first half, from the
+    end for the second, with the step in the output dtype."""
+    lo, hi = lo.astype(dt), hi.astype(dt)
+    if steps == 1:
+        return jnp.reshape(lo, (1,))
+    step = (hi - lo) / jnp.asarray(steps - 1, dt)
+    i = jnp.arange(steps)
+    fi = i.astype(dt)
+    return jnp.where(i < steps // 2, lo + step * fi, hi - step * jnp.asarray(steps - 1 - i, dt))
+
+
+def _hist_edges(x2, bins, rng):
+    """Edges of every dim of the (M, D) samples for bin counts `bins`."""
+    edges = []
+    for d, n in enumerate(bins):
+        if rng is not None:
+            lo, hi = jnp.asarray(rng[2 * d], jnp.float64), jnp.asarray(rng[2 * d + 1], jnp.float64)
+        elif x2.shape[0]:
+            lo, hi = jnp.min(x2[:, d]).astype(jnp.float64), jnp.max(x2[:, d]).astype(jnp.float64)
+        else:
+            lo = hi = jnp.zeros((), jnp.float64)
+        same = lo == hi
+        lo, hi = jnp.where(same, lo - 0.5, lo), jnp.where(same, hi + 0.5, hi)
+        edges.append(_linspace_cpu(lo, hi, n + 1, x2.dtype))
+    return edges
+
+
+def _hist_counts(x2, edges, weight, density):
+    dt = x2.dtype
+    nb = [e.shape[0] - 1 for e in edges]
+    flat = jnp.zeros((x2.shape[0],), jnp.int64)
+    keep = jnp.ones((x2.shape[0],), bool)
+    for d, e in enumerate(edges):
+        v = x2[:, d]
+        pos = jnp.searchsorted(e, v, side="right").astype(jnp.int64) - 1
+        pos = jnp.where(pos == nb[d], nb[d] - 1, pos)
+        keep = keep & (v >= e[0]) & (v <= e[-1])
+        flat = flat * nb[d] + jnp.clip(pos, 0, max(nb[d] - 1, 0))
+    total = int(np.prod(nb))
+    w = jnp.ones((x2.shape[0],), dt) if weight is None else jnp.reshape(weight, (-1,)).astype(dt)
+    w = jnp.where(keep, w, jnp.zeros((), dt))
+    hist = jnp.zeros((total,), dt).at[flat].add(w, mode="drop") if total else jnp.zeros((0,), dt)
+    hist = jnp.reshape(hist, tuple(nb))
+    if density:
+        hist = hist / jnp.sum(hist)
+        for d, e in enumerate(edges):
+            shape = [1] * len(nb)
+            shape[d] = nb[d]
+            hist = hist / jnp.reshape(e[1:] - e[:-1], shape)
+    return hist
+
+
+def _meta_histogram(x, bins=100, range=None, weight=None, density=False):
+    return x.new_empty((bins,)), x.new_empty((bins + 1,))
+
+
+@lowering("aten::histogram.bin_ct", static=("bins", "range"), meta=_meta_histogram)
+def histogram_bin_ct(x, bins=100, range=None, weight=None, density=False):
+    x2 = jnp.reshape(x, (-1, 1))
+    edges = _hist_edges(x2, (bins,), range)
+    return _hist_counts(x2, edges, weight, density), edges[0]
+
+
+def _meta_histogram_bins(x, bins, weight=None, density=False):
+    if bins.dim() != 1:
+        raise RuntimeError(f"torch.histogramdd: bins tensor should have one dimension, but got {bins.dim()} "
+                           "dimensions in the bins tensor for dimension 0")
+    return x.new_empty((bins.shape[0] - 1,)), x.new_empty(bins.shape)
+
+
+@lowering("aten::histogram.bins_tensor", meta=_meta_histogram_bins)
+def histogram_bins_tensor(x, bins, weight=None, density=False):
+    edges = [bins.astype(x.dtype)]
+    return _hist_counts(jnp.reshape(x, (-1, 1)), edges, weight, density), bins
+
+
+def _check_hdd_bins(x, bins):
+    if len(bins) != x.shape[-1]:
+        raise RuntimeError("histogramdd: The size of bins must be equal to the innermost dimension of the input.")
+
+
+def _meta_hdd_edges(x, bins, range=None, weight=None, density=False):
+    _check_hdd_bins(x, bins)
+    return [x.new_empty((n + 1,)) for n in bins]
+
+
+@lowering("aten::_histogramdd_bin_edges", static=("bins", "range"), meta=_meta_hdd_edges)
+def histogramdd_bin_edges(x, bins, range=None, weight=None, density=False):
+    return tuple(_hist_edges(jnp.reshape(x, (-1, x.shape[-1])), tuple(bins), range))
+
+
+def _meta_hdd_cts(x, bins, range=None, weight=None, density=False):
+    _check_hdd_bins(x, bins)
+    return x.new_empty(tuple(bins))
+
+
+@lowering("aten::_histogramdd_from_bin_cts", static=("bins", "range"), meta=_meta_hdd_cts)
+def histogramdd_from_bin_cts(x, bins, range=None, weight=None, density=False):
+    x2 = jnp.reshape(x, (-1, x.shape[-1]))
+    return _hist_counts(x2, _hist_edges(x2, tuple(bins), range), weight, density)
+
+
+def _meta_hdd_tensors(x, bins, weight=None, density=False):
+    _check_hdd_bins(x, bins)
+    return x.new_empty(tuple(b.shape[0] - 1 for b in bins))
+
+
+@lowering("aten::_histogramdd_from_bin_tensors", meta=_meta_hdd_tensors)
+def histogramdd_from_bin_tensors(x, bins, weight=None, density=False):
+    x2 = jnp.reshape(x, (-1, x.shape[-1]))
+    return _hist_counts(x2, [b.astype(x.dtype) for b in bins], weight, density)

@@ -630,3 +630,37 @@ def pdist_backward(grad, x, p, dist):
     g = jnp.zeros((n, n), grad.dtype).at[i, j].set(grad).at[j, i].set(grad)
     d = jnp.zeros((n, n), dist.dtype).at[i, j].set(dist).at[j, i].set(dist)
     return cdist_backward(g, x, x, p, d)
+
+
+# ---- Householder QR in LAPACK's compact form ------------------------------------------------------
+
+def _geqrf_meta(a):
+    import torch
+    if a.dim() < 2:
+        raise RuntimeError("torch.geqrf: input must have at least 2 dimensions.")
+    m, n = a.shape[-2:]
+    return torch.empty_like(a), a.new_empty(a.shape[:-2] + (min(m, n),))
+
+
+@lowering("aten::geqrf", meta=_geqrf_meta)
+def geqrf(a):
+    # jax exports only its QR built on it; the primitive is LAPACK's geqrf on the CPU.
+    from jax._src.lax.linalg import geqrf as _geqrf
+    return _geqrf(a)
+
+
+@lowering("aten::ormqr")
+def ormqr(a, tau, c, left=True, transpose=False):
+    """op(Q) @ c (left) or c @ op(Q) of the Q whose reflectors geqrf left in a and tau:
+    the square Q built from them (reflectors past tau's are the identity)."""
+    m, k = a.shape[-2], tau.shape[-1]
+    batch = a.shape[:-2]
+    v = a[..., :, :k]
+    if k < m:
+        v = jnp.concatenate([v, jnp.zeros(batch + (m, m - k), a.dtype)], axis=-1)
+        tau = jnp.concatenate([tau, jnp.zeros(batch + (m - k,), tau.dtype)], axis=-1)
+    q = lax.linalg.householder_product(v, tau)
+    if transpose:
+        q = jnp.conj(jnp.swapaxes(q, -1, -2))
+    prec = matmul_precision()
+    return jnp.matmul(q, c, precision=prec) if left else jnp.matmul(c, q, precision=prec)

@@ -1,5 +1,6 @@
 """Neural-network ops: normalization, embedding, losses, dropout,
-upsampling, padding, im2col/col2im and attention helpers (forward and backward).
+padding, im2col/col2im and attention helpers (forward and backward); upsampling and grid
+sampling are in resampling.py.
 
 Only ops with their own autograd formula are registered here (never a
 CompositeImplicitAutograd op: a backend kernel for one disables its decomposition's autograd).
@@ -16,7 +17,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from .table import matmul_precision, check_range, check_whole, lowering, out_dtype, out_shape
+from .table import check_range, check_whole, lowering, out_dtype, out_shape
 from .reductions import log_softmax_of
 from .nn_common import _fill, _grad_scale, _has_out, _meta_fill, _opmath, _reduce, _tup
 from .pooling import _combine_valid, _gather_windows, _window_index
@@ -133,7 +134,14 @@ def batch_norm_backward(g, x, w, rm, rv, save_mean, save_var, update, eps, outpu
     return _fill(_bn_backward(g, x, w, rm, rv, save_mean, save_var, update, eps))
 
 
-@lowering("aten::native_layer_norm")
+def _meta_layer_norm(x, normalized_shape, w, b, eps):
+    """PyTorch's meta kernel, with mean and rstd in the input's dtype as the CPU returns
+    them (the meta kernel gives CUDA's float32 for reduced-precision inputs)."""
+    y, mean, rstd = torch.ops.aten.native_layer_norm(x, normalized_shape, w, b, eps)
+    return y, mean.to(x.dtype), rstd.to(x.dtype)
+
+
+@lowering("aten::native_layer_norm", meta=_meta_layer_norm)
 def native_layer_norm(x, normalized_shape, w, b, eps):
     x = _opmath(x)
     k = len(normalized_shape)
@@ -479,7 +487,14 @@ def native_dropout(x, p, train, key=None):
         return x, jnp.ones(x.shape, jnp.bool_)
     if p >= 1:
         return jnp.zeros_like(x), jnp.zeros(x.shape, jnp.bool_)
-    keep = jax.random.bernoulli(key, 1.0 - p, x.shape)
+    keep_of_256 = (1.0 - p) * 256
+    if x.dtype in (jnp.bfloat16, jnp.float16) and p > 0 and keep_of_256 == int(keep_of_256):
+        # Half-precision inputs draw 8 random bits (u8) per element, as PyTorch/XLA does,
+        # a quarter of the random bits and mask bytes; only where 8 bits give the keep
+        # probability exactly (p = 0.5, 0.25, ...), so the mask keeps its distribution.
+        keep = jax.random.bits(key, x.shape, jnp.uint8) < jnp.uint8(int(keep_of_256))
+    else:
+        keep = jax.random.bernoulli(key, 1.0 - p, x.shape)
     scale = 1.0 / (1.0 - p)
     return jnp.where(keep, x * jnp.asarray(scale, x.dtype), jnp.zeros((), x.dtype)), keep
 
@@ -487,138 +502,6 @@ def native_dropout(x, p, train, key=None):
 @lowering("aten::native_dropout_backward")
 def native_dropout_backward(g, mask, scale):
     return g * mask.astype(g.dtype) * jnp.asarray(scale, g.dtype)
-
-
-# ---- upsampling ------------------------------------------------------------------------
-
-def _scale(in_size, out_size, scale, align_corners=False):
-    if align_corners:
-        return (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
-    if scale is not None and scale > 0:
-        return 1.0 / scale
-    return in_size / out_size
-
-
-def _nearest_index(in_size, out_size, scale, exact):
-    o = np.arange(out_size)
-    if not exact and out_size == in_size:
-        return o
-    if not exact and out_size == 2 * in_size:
-        return o >> 1
-    s = np.float32(_scale(in_size, out_size, scale))
-    if exact:
-        src = np.floor((o.astype(np.float32) + np.float32(0.5)) * s)
-    else:
-        src = np.floor(o.astype(np.float32) * s)
-    return np.minimum(src.astype(np.int64), in_size - 1)
-
-
-def _nearest(x, osz, scales, exact):
-    nsp = len(osz)
-    for i in range(nsp):
-        ax = x.ndim - nsp + i
-        idx = _nearest_index(x.shape[ax], osz[i], scales[i], exact)
-        x = jnp.take(x, jnp.asarray(idx), axis=ax)
-    return x
-
-
-def _cubic_matrix(in_size, out_size, align_corners, scale):
-    """Bicubic interpolation weights (A = -0.75, border taps clamped), as in PyTorch."""
-    A = -0.75
-    s = _scale(in_size, out_size, scale, align_corners)
-    o = np.arange(out_size, dtype=np.float64)
-    src = o * s if align_corners else (o + 0.5) * s - 0.5
-    src = src.astype(np.float32).astype(np.float64)
-    i0 = np.floor(src).astype(np.int64)
-    t = src - i0
-
-    def cc1(x):
-        return ((A + 2) * x - (A + 3)) * x * x + 1
-
-    def cc2(x):
-        return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A
-    coeffs = [cc2(t + 1), cc1(t), cc1(1 - t), cc2(2 - t)]
-    m = np.zeros((out_size, in_size))
-    for j, c in enumerate(coeffs):
-        idx = np.clip(i0 - 1 + j, 0, in_size - 1)
-        np.add.at(m, (np.arange(out_size), idx), c)
-    return m
-
-
-def _linear_matrix(in_size, out_size, align_corners, scale, cubic=False):
-    if cubic:
-        return _cubic_matrix(in_size, out_size, align_corners, scale)
-    # Source positions in float32 arithmetic, as PyTorch's CPU kernel computes them.
-    s = np.float32(_scale(in_size, out_size, scale, align_corners))
-    o = np.arange(out_size, dtype=np.float32)
-    if align_corners:
-        src = o * s
-    else:
-        src = np.maximum(s * (o + np.float32(0.5)) - np.float32(0.5), np.float32(0))
-    src = src.astype(np.float64)
-    i0 = np.minimum(np.floor(src).astype(np.int64), in_size - 1)
-    i1 = np.minimum(i0 + 1, in_size - 1)
-    l1 = src - i0
-    l0 = 1.0 - l1
-    m = np.zeros((out_size, in_size))
-    m[np.arange(out_size), i0] += l0
-    m[np.arange(out_size), i1] += l1
-    return m
-
-
-def _linear(x, osz, align_corners, scales, cubic=False):
-    nsp = len(osz)
-    y = x
-    for i in range(nsp):
-        ax = x.ndim - nsp + i
-        m = jnp.asarray(_linear_matrix(x.shape[ax], osz[i], align_corners, scales[i], cubic), y.dtype)
-        y = jnp.moveaxis(jnp.tensordot(y, m, axes=([ax], [1]), precision=matmul_precision()), -1, ax)
-    return y
-
-
-def _scales(n, *s):
-    s = list(s) + [None] * (n - len(s))
-    return s[:n]
-
-
-def _def_nearest(nsp, exact):
-    base = "_upsample_nearest_exact" if exact else "upsample_nearest"
-    name = f"aten::{base}{nsp}d"
-
-    @lowering(name)
-    def fwd(x, output_size, *scales):
-        return _nearest(x, tuple(out_shape()[-nsp:]), _scales(nsp, *scales), exact)
-
-    @lowering(f"aten::{base}{nsp}d_backward")
-    def bwd(g, output_size, input_size, *scales):
-        f = lambda t: _nearest(t, tuple(output_size), _scales(nsp, *scales), exact)
-        g32 = _opmath(g)
-        _, vjp = jax.vjp(f, jnp.zeros(tuple(input_size), g32.dtype))
-        return vjp(g32)[0]
-
-
-def _def_linear(nsp, base, cubic=False):
-    name = f"aten::{base}"
-
-    @lowering(name)
-    def fwd(x, output_size, align_corners, *scales):
-        return _linear(_opmath(x), tuple(out_shape()[-nsp:]), align_corners, _scales(nsp, *scales), cubic)
-
-    @lowering(name + "_backward")
-    def bwd(g, output_size, input_size, align_corners, *scales):
-        f = lambda t: _linear(t, tuple(output_size), align_corners, _scales(nsp, *scales), cubic)
-        g32 = _opmath(g)
-        _, vjp = jax.vjp(f, jnp.zeros(tuple(input_size), g32.dtype))
-        return vjp(g32)[0]
-
-
-for _n in (1, 2, 3):
-    _def_nearest(_n, False)
-    _def_nearest(_n, True)
-_def_linear(1, "upsample_linear1d")
-_def_linear(2, "upsample_bilinear2d")
-_def_linear(3, "upsample_trilinear3d")
-_def_linear(2, "upsample_bicubic2d", cubic=True)
 
 
 # ---- padding ---------------------------------------------------------------------------
@@ -762,3 +645,81 @@ def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
         return x
     p = unsq(i1, expand1) * unsq(i2, expand2) * unsq(i3, expand3)
     return jnp.sum(p, axis=tuple(sumdim)) if sumdim else p
+
+
+# ---- margin losses' derivatives (jax's derivative of the forward) ------------------------------
+
+def _hinge(z):
+    # Zero derivative at 0, as the CPU kernels' `z > 0` test.
+    return jnp.where(z > 0, z, jnp.zeros((), z.dtype))
+
+
+def _meta_like_self(g, x, *args, **kwargs):
+    """The derivative has the input's shape (PyTorch has no meta kernel for it)."""
+    return torch.empty_like(x)
+
+
+def _multi_margin(x, target, p, margin, weight, reduction):
+    x2 = jnp.reshape(x, (-1, x.shape[-1]) if x.ndim else (1, 1))
+    t = jnp.reshape(target, (-1,)).astype(jnp.int32)
+    c = x2.shape[1]
+    xy = jnp.take_along_axis(x2, t[:, None], axis=1)
+    h = _hinge(margin - xy + x2)
+    if p == 2:
+        h = h * h
+    if weight is not None:
+        h = h * weight.astype(x.dtype)[t][:, None]
+    h = jnp.where(jnp.arange(c)[None, :] == t[:, None], jnp.zeros((), x.dtype), h)
+    loss = jnp.sum(h, axis=1) / c
+    return _reduce(loss if x.ndim == 2 else jnp.reshape(loss, ()), reduction)
+
+
+@lowering("aten::multi_margin_loss_backward", static=("p", "margin"), meta=_meta_like_self)
+def multi_margin_loss_backward(g, x, target, p, margin, weight=None, reduction=1):
+    xc = _opmath(x)
+    loss, vjp = jax.vjp(lambda a: _multi_margin(a, target, p, margin, weight, reduction), xc)
+    return vjp(jnp.reshape(_opmath(g).astype(xc.dtype), loss.shape))[0]
+
+
+def _multilabel_margin(x, target, is_target, reduction):
+    x2 = jnp.reshape(x, (-1, x.shape[-1]) if x.ndim else (1, 1))
+    t = jnp.reshape(target, x2.shape)
+    c = x2.shape[1]
+    # The targets are the entries before the first -1.
+    valid = jnp.cumprod((t >= 0).astype(jnp.int32), axis=1).astype(bool)
+    xt = jnp.take_along_axis(x2, jnp.clip(t, 0, c - 1).astype(jnp.int32), axis=1)
+    h = _hinge(1 - xt[:, :, None] + x2[:, None, :])
+    others = jnp.reshape(is_target, x2.shape) == 0
+    h = jnp.where(valid[:, :, None] & others[:, None, :], h, jnp.zeros((), x.dtype))
+    loss = jnp.sum(h, axis=(1, 2)) / c
+    return _reduce(loss if x.ndim == 2 else jnp.reshape(loss, ()), reduction)
+
+
+def _is_target(x, target):
+    """1 at the classes named before the first -1 of each target row."""
+    t = jnp.reshape(target, (-1, x.shape[-1]) if x.ndim else (1, 1))
+    c = t.shape[1]
+    valid = jnp.cumprod((t >= 0).astype(jnp.int32), axis=1).astype(bool)
+    rows = lax.broadcasted_iota(jnp.int32, t.shape, 0)
+    hit = jnp.zeros(t.shape, x.dtype).at[rows, jnp.where(valid, t, c).astype(jnp.int32)].set(1, mode="drop")
+    return jnp.reshape(hit, target.shape)
+
+
+def _meta_multilabel_margin(x, target, reduction):
+    """PyTorch's meta kernel, but a 1-D input's unreduced loss is 0-d, as on the CPU."""
+    loss, is_target = torch.ops.aten.multilabel_margin_loss_forward(x, target, reduction)
+    return (loss.reshape(()) if x.dim() <= 1 and reduction == 0 else loss), is_target
+
+
+@lowering("aten::multilabel_margin_loss_forward", meta=_meta_multilabel_margin)
+def multilabel_margin_loss_forward(x, target, reduction):
+    xc = _opmath(x)
+    is_target = _is_target(xc, target)
+    return _multilabel_margin(xc, target, is_target, reduction), is_target
+
+
+@lowering("aten::multilabel_margin_loss_backward", meta=_meta_like_self)
+def multilabel_margin_loss_backward(g, x, target, reduction, is_target):
+    xc = _opmath(x)
+    loss, vjp = jax.vjp(lambda a: _multilabel_margin(a, target, is_target, reduction), xc)
+    return vjp(jnp.reshape(_opmath(g).astype(xc.dtype), loss.shape))[0]

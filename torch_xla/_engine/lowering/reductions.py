@@ -511,3 +511,12 @@ def log_softmax_backward_data(grad, output, dim, input_dtype):
     y = _as_vec(output.astype(dt))
     axis = _axis(dim, g.ndim)
     return _out(g - jnp.exp(y) * jnp.sum(g, axis=axis, keepdims=True))
+
+
+@lowering("aten::hash_tensor")
+def hash_tensor(x, dim=(), keepdim=False, mode=0):
+    """The xor of the elements' bits as uint64, each upcast to float64 or int64 first."""
+    wide = x.astype(jnp.float64 if _is_float(x) else jnp.int64)
+    bits = lax.bitcast_convert_type(wide, jnp.uint64)
+    axes = _axes(dim, x.ndim)
+    return _out(lax.reduce(bits, np.uint64(0), lax.bitwise_xor, axes))

@@ -80,6 +80,7 @@ class _Ctx(threading.local):
     axis = None  # the replica axis name inside a multi-process program, else None
     world = 1    # number of replicas on that axis
     patch_convolutions = False  # lower convolutions as patch products (conv_cpu)
+    widen_int4_dots = False  # int4 dot operands widened to s8 (a backend without s4 dots)
     checks = None  # while a program is traced with index checks: where `check_range` records them
     node = None    # the IR node being lowered (set by the executor when checks are recorded)
     manual_text = False  # manual region edges as XLA's SPMD custom calls (HLO text of an unfinished region)

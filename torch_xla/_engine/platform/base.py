@@ -8,6 +8,7 @@ class Policy:
     """The defaults: no options, nothing around compiles and dispatches."""
     name = "default"
     patch_convolutions = False
+    widen_int4_dots = False
     # How a process of a multi-process (replication) job numbers its device: PyTorch/XLA
     # names a device by its index among the devices its process drives. On GPU and TPU a
     # process drives its own device(s) there as here, so a replica's device is `xla:0`.

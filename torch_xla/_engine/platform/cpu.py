@@ -68,6 +68,9 @@ class CpuPolicy(Policy):
     # XLA:CPU's convolution is many times slower than a product of patches where Eigen
     # cannot take it (lowering/conv_cpu.py; BENCHMARKS.md, "Convolution formulations on XLA:CPU").
     patch_convolutions = True
+    # XLA:CPU compiles no dot with an s4 operand; executed programs widen int4 weights to s8
+    # after narrowing (same values); text dumps and export keep the portable s4 dot.
+    widen_int4_dots = True
     # PyTorch/XLA runs a CPU job as one process driving CPU_NUM_DEVICES devices, a thread
     # per replica, so replica i computes on `xla:i`; here each replica is a process with
     # one device, which keeps that name: the replica's global ordinal.

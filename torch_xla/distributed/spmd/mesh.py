@@ -261,12 +261,14 @@ def xla_mesh(device_mesh) -> Mesh:
     return Mesh(ids.reshape(-1), tuple(ids.shape), tuple(names) if names else None)
 
 
-def spec_from_placements(placements: Sequence, ndim: int, mesh_ndim: int) -> tuple:
-    """The partition spec of DTensor placements (Shard(d) on mesh dim i -> spec[d] = i)."""
+def split_placements(placements: Sequence, ndim: int, mesh_ndim: int) -> Tuple[tuple, Tuple[Tuple[int, str], ...]]:
+    """The partition spec of the Shard / Replicate placements and the Partial ones as
+    (mesh dim, reduce op) pairs."""
     from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
     if len(placements) != mesh_ndim:
         raise ValueError(f"Number of placements ({len(placements)}) must match mesh dimensions ({mesh_ndim})")
     spec = [None] * ndim
+    partial = []
     for mesh_dim, p in enumerate(placements):
         if isinstance(p, Shard):
             d = p.dim if p.dim >= 0 else p.dim + ndim
@@ -278,7 +280,12 @@ def spec_from_placements(placements: Sequence, ndim: int, mesh_ndim: int) -> tup
                 prev = spec[d] if isinstance(spec[d], tuple) else (spec[d],)
                 spec[d] = prev + (mesh_dim,)
         elif isinstance(p, Partial):
-            raise ValueError("Partial placements are not supported on the xla device; use Shard or Replicate")
+            partial.append((mesh_dim, p.reduce_op))
         elif not isinstance(p, Replicate):
             raise ValueError(f"unknown placement {p!r}")
-    return tuple(spec)
+    ops = {op for _, op in partial}
+    if len(ops) > 1 and ops != {"sum", "avg"}:  # sum and avg commute; other mixes depend on order
+        raise ValueError(f"Mixed Partial reduce types are not supported in the same placement list. "
+                         f"Found reduce ops: {ops}. Please ensure all Partial placements use the same "
+                         f"reduce operation.")
+    return tuple(spec), tuple(partial)

@@ -7,18 +7,23 @@ partitioner compiles the program with it (see `torch_xla/_engine/partitioning.py
 """
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 import torch
 
+from torch_xla._engine import capture as _capture
 from torch_xla._engine import mode as _mode
 from torch_xla._engine import partitioning as _sh
+from torch_xla._engine import patches as _patches
 from torch_xla._engine import tensor as _tensor
+from torch_xla._engine.kernels import library as _library
 
 from .mesh import (HybridMesh, Mesh, OpSharding, PartitionSpec, ShardingError, ShardingType,  # noqa: F401
                    get_1d_mesh, get_global_mesh, set_global_mesh, sharding_type_of)
 from .xla_sharded_tensor import XLAShardedTensor
+from .. import _mark_sharding_in_graph as _in_graph
 from .._patched_linear import XLAPatchedLinear, apply_xla_patch_to_nn_linear, xla_patched_nn_linear_forward  # noqa: F401
 
 def _require_spmd(what: str) -> None:
@@ -48,6 +53,11 @@ def mark_sharding(t: Union[torch.Tensor, XLAShardedTensor], mesh: Mesh,
     """
     _require_spmd("mark_sharding")
     raw = _raw(t)
+    spec = _mark(raw, mesh, partition_spec)
+    return XLAShardedTensor(raw, mesh_shape=mesh.mesh_shape, partition_spec=spec)
+
+
+def _mark(raw: torch.Tensor, mesh: Mesh, partition_spec: PartitionSpec, in_graph: bool = False) -> tuple:
     if raw.device.type != "xla":
         raise RuntimeError(f"mark_sharding: the tensor is on {raw.device}; move it to the xla device first")
     spec = _check_spec(raw, partition_spec)
@@ -57,8 +67,8 @@ def mark_sharding(t: Union[torch.Tensor, XLAShardedTensor], mesh: Mesh,
         raise RuntimeError(
             f"mark_sharding: the tensor is already sharded as {_sh.spec_text(old, raw.dim())}; "
             f"clear_sharding() it first, or use annotate_custom_sharding() to reshard it in the graph")
-    _sh.annotate(raw, new)
-    return XLAShardedTensor(raw, mesh_shape=mesh.mesh_shape, partition_spec=spec)
+    _sh.annotate(raw, new, in_graph=in_graph)
+    return spec
 
 
 def annotate_custom_sharding(t: Union[torch.Tensor, XLAShardedTensor], mesh: Mesh,
@@ -78,6 +88,81 @@ def clear_sharding(t: Union[torch.Tensor, XLAShardedTensor]) -> torch.Tensor:
     raw = _raw(t)
     _sh.clear(raw)
     return raw
+
+
+# ---- torch.ops.xla.dynamo_mark_sharding ------------------------------------------------------
+#
+# A sharding annotation that Dynamo records as an op of its graph (the mesh and the spec as
+# plain values: device ids, mesh shape, and the axis names and partition spec as Python
+# literals in text). Run eagerly it is `mark_sharding` on its input; in a compiled graph
+# the bridge's trace runs it on the graph's lazy values, so its input, an activation or a
+# graph input, is constrained to the layout inside the program. The input is annotated in
+# place (its later uses in the graph see the layout, whether or not the result is used);
+# the result holds the same value.
+
+DYNAMO_MARK_SHARDING = ("dynamo_mark_sharding(Tensor input, int[] device_ids, int[] mesh_shape, str axis_names, "
+                        "str partition_spec) -> Tensor")
+
+
+def _literal(text: str, what: str):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError) as e:
+        raise ValueError(f"dynamo_mark_sharding: {what} must be a Python literal, got {text!r}") from e
+
+
+def _dynamo_layout(device_ids, mesh_shape, axis_names: str, partition_spec: str):
+    names = _literal(axis_names, "axis_names")
+    mesh = Mesh(list(device_ids), tuple(mesh_shape), None if names is None else tuple(names))
+    spec = _literal(partition_spec, "partition_spec")
+    return mesh, tuple(spec) if isinstance(spec, (tuple, list)) else (spec,)
+
+
+def _dynamo_mark_sharding_xla(input, device_ids, mesh_shape, axis_names, partition_spec):
+    _require_spmd("dynamo_mark_sharding")
+    mesh, spec = _dynamo_layout(device_ids, mesh_shape, axis_names, partition_spec)
+    # While a graph is captured, a constraint inside the program, even on a graph input
+    # (whose data the caller keeps as it is laid out).
+    _mark(input, mesh, spec, in_graph=_capture.tracing())
+    s = input._xla
+    return _tensor.make_tensor(s.node, s.idx, s.shape, s.dtype)
+
+
+def _dynamo_mark_sharding_meta(input, device_ids, mesh_shape, axis_names, partition_spec):  # noqa: ARG001
+    return torch.empty_like(input)
+
+
+def _dynamo_mark_sharding_other(input, device_ids, mesh_shape, axis_names, partition_spec):  # noqa: ARG001
+    # Not an xla tensor: nothing to lay out.
+    return input.clone()
+
+
+def _dynamo_mark_sharding_setup(ctx, inputs, output):
+    pass
+
+
+def _dynamo_mark_sharding_backward(ctx, grad):  # noqa: ARG001
+    # The layout of the gradient is left to XLA's propagation.
+    return grad, None, None, None, None
+
+
+def _register_dynamo_mark_sharding() -> None:
+    if hasattr(torch.ops.xla, "dynamo_mark_sharding"):
+        return
+    _library.define("xla", DYNAMO_MARK_SHARDING)
+    _library.impl_ns("xla", "dynamo_mark_sharding", _dynamo_mark_sharding_xla, "PrivateUse1")
+    _library.impl_ns("xla", "dynamo_mark_sharding", _dynamo_mark_sharding_meta, "Meta")
+    _library.impl_ns("xla", "dynamo_mark_sharding", _dynamo_mark_sharding_other, "CompositeExplicitAutograd")
+    _library.derivative("xla", "dynamo_mark_sharding", _dynamo_mark_sharding_backward, _dynamo_mark_sharding_setup)
+
+
+_register_dynamo_mark_sharding()
+
+
+# Inside torch.compile, `mark_sharding` is an op of the graph (patch `mark_sharding_in_graph`;
+# it also keeps the op when its result is unused, which the input's annotation needs).
+_in_graph.set_target(mark_sharding)
+_patches.install("mark_sharding_in_graph")
 
 
 class MarkShardingFunction(torch.autograd.Function):
