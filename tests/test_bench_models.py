@@ -34,7 +34,7 @@ def _rel(a, b):
     return abs(a - b) / max(abs(b), 1e-12)
 
 
-@pytest.mark.parametrize("name", ["mnist", "decoder", "resnet18"])
+@pytest.mark.parametrize("name", ["mnist", "decoder", pytest.param("resnet18", marks=pytest.mark.slow)])
 def test_jax_model_matches_torch(name):
     wl = _tiny(name)
     torch.manual_seed(0)

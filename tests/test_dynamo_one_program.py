@@ -72,6 +72,7 @@ def test_mnist_sgd_step_is_one_program_and_matches_cpu():
         assert_same(pd, pc, rtol=1e-3, atol=1e-4, msg=n)    # weights and BN running stats (in place)
 
 
+@pytest.mark.slow   # ~10 s; the MNIST test covers the mode in the default run
 def test_decoder_adam_step_is_one_program_and_matches_cpu():
     cpu, dev = _pair(Decoder, n_layers=1)
     opt_c = torch.optim.Adam(cpu.parameters(), lr=1e-2)

@@ -200,6 +200,14 @@ class _Body:
         self._graphs = {}
         self._fns = {}
 
+    @property
+    def _graph(self):
+        """The body's graph (what platform policies read: `Graph.op_avals`)."""
+        g = self._graphs.get(None)
+        if g is None:
+            g = self._graphs[None] = Graph(self._roots)
+        return g
+
     def __call__(self, inputs: Sequence, outer: Sequence, seed=None) -> list:
         recording = lowering_ctx.checks
         forms = (lowering_ctx.patch_convolutions, lowering_ctx.widen_int4_dots, recording is not None)

@@ -113,4 +113,6 @@ class Graph:
             if n.lowering is not None and n.avals and n.avals[0] is not None:
                 yield n.op, n.avals[0]
             for body in getattr(n.args[-1] if n.args else None, "bodies", ()):
-                yield from body._graph.op_avals()
+                inner = getattr(body, "_graph", None)   # a traced body's graph (not jax callables)
+                if inner is not None:
+                    yield from inner.op_avals()
