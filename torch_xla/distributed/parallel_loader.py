@@ -193,15 +193,7 @@ def _unflatten(data, it):
     if isinstance(data, DataWrapper):
         return data.from_tensors([next(it) for _ in data.get_tensors()])
     if isinstance(data, dict):
-        out = {k: _unflatten(v, it) for k, v in data.items()}
-        if type(data) is dict:
-            return out
-        try:
-            new = type(data)()
-        except TypeError:
-            return out
-        new.update(out)
-        return new
+        return _same_mapping_type(data, {k: _unflatten(v, it) for k, v in data.items()})
     if isinstance(data, (list, tuple)):
         items = [_unflatten(v, it) for v in data]
         if isinstance(data, tuple) and hasattr(data, "_fields"):
@@ -258,6 +250,11 @@ def _send_dict(data, device: torch.device, input_sharding: dict):
             leaves: list = []
             _flatten(v, leaves)
             out[k] = _unflatten(v, iter(_send_leaves(leaves, device, input_sharding[k]))) if leaves else v
+    return _same_mapping_type(data, out)
+
+
+def _same_mapping_type(data: dict, out: dict) -> dict:
+    """`out` as `data`'s dict subclass when that type can be built empty, else a plain dict."""
     if type(data) is dict:
         return out
     try:
