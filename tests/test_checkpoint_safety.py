@@ -188,6 +188,7 @@ def test_manager_deletes_old_steps_and_resaves(tmp_path):
     assert kw.mismatch(sd, 7) == ""
 
 
+@pytest.mark.slow
 def test_manager_in_a_two_process_job(tmp_path):
     from torch_xla._engine import launcher
     res = launcher.spawn(cw.manager_save_restore, args=(str(tmp_path),), nprocs=2, return_results=True)

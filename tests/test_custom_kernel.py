@@ -72,7 +72,7 @@ def _compare(q, k, v, *, causal=False, sm_scale=1.0, segments=None, ab=None, ato
         torch.testing.assert_close(d.grad.cpu(), c.grad, atol=atol * 5, rtol=1e-4, msg=lambda m: f"d{name}: {m}")
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_flash_matches_sdpa(causal):
     _compare(*_qkv(), causal=causal, sm_scale=0.35)
 
@@ -81,24 +81,26 @@ def test_flash_square_causal_and_default_scale():
     _compare(*_qkv(b=1, h=2, lq=24, lk=24), causal=True)
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_flash_segment_ids(causal):
     q, k, v = _qkv(lq=21, lk=21)
     _compare(q, k, v, causal=causal, sm_scale=0.5, segments=_segments(2, 21, 21))
 
 
+@pytest.mark.slow
 def test_flash_segment_ids_cross_lengths():
     q, k, v = _qkv(lq=13, lk=30)
     _compare(q, k, v, sm_scale=0.5, segments=_segments(2, 13, 30))
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_flash_bias(causal):
     q, k, v = _qkv(lq=19, lk=26)
     ab = torch.randn(2, 3, 19, 26, generator=torch.Generator().manual_seed(3))
     _compare(q, k, v, causal=causal, sm_scale=0.4, ab=ab)
 
 
+@pytest.mark.slow
 def test_flash_bias_and_segments():
     q, k, v = _qkv(lq=17, lk=17)
     ab = torch.randn(2, 3, 17, 17, generator=torch.Generator().manual_seed(4))
@@ -113,6 +115,7 @@ def test_flash_one_block_and_no_grad():
     torch.testing.assert_close(out.cpu(), ref, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_flash_leading_batch_dims():
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(2, 2, 3, 11, 8, generator=g) for _ in range(3))
@@ -122,6 +125,7 @@ def test_flash_leading_batch_dims():
     torch.testing.assert_close(out.cpu(), ref, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_flash_bfloat16():
     q, k, v = (t.bfloat16() for t in _qkv(lq=16, lk=16))
     ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True, scale=0.3)

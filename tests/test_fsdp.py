@@ -55,6 +55,7 @@ def job(tmp_path_factory):
     return sorted(res.values() if isinstance(res, dict) else res, key=lambda o: o["rank"]), d
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(fw.CONFIGS))
 def test_fsdp_matches_cpu_training_on_the_global_batch(job, name):
     res, _ = job
@@ -75,6 +76,7 @@ def test_fsdp_matches_cpu_training_on_the_global_batch(job, name):
             assert sizes == sorted(math.ceil(p.numel() / 2) for p in ref.parameters())
 
 
+@pytest.mark.slow
 def test_no_sync_accumulates_micro_batches(job):
     res, _ = job
     n, half = len(res), fw.BATCH // 2
@@ -92,6 +94,7 @@ def test_no_sync_accumulates_micro_batches(job):
     torch.testing.assert_close(full, m.state_dict(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_consolidate_command_line(job):
     _, d = job
     subprocess.run([sys.executable, "-m", "torch_xla.distributed.fsdp.consolidate_sharded_ckpts",
@@ -102,6 +105,7 @@ def test_consolidate_command_line(job):
     torch.testing.assert_close(full, ref.state_dict(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_consolidate_with_stale_checkpoints_of_another_job(job, tmp_path):
     import shutil
     from torch_xla.distributed.fsdp import consolidate_sharded_model_checkpoints
@@ -131,6 +135,7 @@ def test_consolidate_with_stale_checkpoints_of_another_job(job, tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+@pytest.mark.slow
 def test_zero1_matches_cpu_adam_with_clipping(job):
     res, _ = job
     ref, _, _ = _cpu_train(optim=lambda p: torch.optim.Adam(p, lr=0.01),
@@ -140,6 +145,7 @@ def test_zero1_matches_cpu_adam_with_clipping(job):
         assert o["zero1"]["shard_numels"] == [math.ceil(p.shape[0] / 2) * p[0].numel() for p in ref.parameters()]
 
 
+@pytest.mark.slow
 def test_list_collectives(job):
     res, _ = job
     a = [torch.arange(6.0).reshape(2, 3) + 10 * r for r in range(2)]

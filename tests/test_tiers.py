@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -40,6 +41,7 @@ def _run(tiered: bool, model, data):
     return out, counts, bg
 
 
+@pytest.mark.slow
 def test_tiered_training_matches_eager_and_is_reproducible():
     torch.manual_seed(0)
     model = MNIST()
