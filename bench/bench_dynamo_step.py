@@ -2,7 +2,8 @@
 (today's default) vs the whole step as one program (XLA_DYNAMO_ONE_PROGRAM=1).
 
     PJRT_DEVICE=CPU python bench/bench_dynamo_step.py [--quick] [--models mnist,decoder]
-                                                      [--steps N]
+                                                      [--steps N] [--rounds N]
+                                                      [--original-venv PATH]
 
 Each mode runs in its own fresh subprocess (bench/common.py). The model is compiled with
 torch.compile (Dynamo gives the bridge a forward graph and a backward graph); the
@@ -11,7 +12,9 @@ zero_grad, forward + loss, backward, optimizer step, xm.mark_step(). After warm-
 measured step is timed twice: host ms (the Python step call, barrier included, no
 waiting) and step ms (until `xm.wait_device_ops()` returns); medians over the steps.
 Programs per step: `ExecuteTime` samples (one per executed XLA program) over the measured
-steps / steps. samples/s = batch / step ms. The decoder is bench/models_torch.py's at
+steps / steps. samples/s = batch / step ms. With --original-venv the same worker runs under
+torch_xla 2.9 (`original`: its `openxla` backend, one program per graph). With --rounds N
+the modes run N times each, alternating, in fresh processes; the table holds the medians. The decoder is bench/models_torch.py's at
 batch 4, sequence 128 (2 layers, hidden 256, vocabulary 3200).
 """
 from __future__ import annotations
@@ -24,7 +27,8 @@ import common  # noqa: E402
 
 WARMUP = 3
 MODES = ("split", "one_program")
-LABELS = {"split": "one program per graph (default)", "one_program": "XLA_DYNAMO_ONE_PROGRAM=1"}
+LABELS = {"split": "one program per graph (default)", "one_program": "XLA_DYNAMO_ONE_PROGRAM=1",
+          "original": "torch_xla 2.9 openxla (original)"}
 COLUMNS = [("programs_per_step", "programs/step"), ("host_ms", "host ms/step"), ("step_ms", "step ms"),
            ("samples_s", "samples/s"), ("compiles_after_warmup", "compiles after warm-up"),
            ("compile_s", "compile s (all)"), ("last_loss", "loss last")]
@@ -88,22 +92,39 @@ def worker(name: str, quick: bool, steps: int) -> dict:
             "last_loss": float(loss.item()), "batch": wl.batch}
 
 
+def _medians(rounds: list) -> dict:
+    """One result per mode: the median of every numeric field over the rounds that ran."""
+    ok = [r for r in rounds if "error" not in r]
+    if not ok:
+        return rounds[-1]
+    out = dict(ok[-1])
+    for k, v in ok[-1].items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[k] = common.median([r[k] for r in ok])
+    return out
+
+
 def main(argv=None):
     p = common.base_parser(__doc__.splitlines()[0])
     p.add_argument("--models", default="mnist,decoder")
     p.add_argument("--steps", type=int, default=10, help="measured steps after warm-up")
+    p.add_argument("--rounds", type=int, default=1, help="runs of each mode, alternating; medians")
     args = p.parse_args(argv)
     if args.worker:
         w = common.parse_worker_args(args)
         return common.emit(worker(w["model"], args.quick, w["steps"]))
     out = []
     for name in args.models.split(","):
-        results = {}
-        for mode in MODES:
-            print(f"[dynamo step {name}] {mode} ...", file=sys.stderr, flush=True)
-            env = {"XLA_DYNAMO_ONE_PROGRAM": "1" if mode == "one_program" else "0"}
-            results[mode] = common.run_worker(__file__, mode, args, {"model": name, "steps": args.steps},
-                                              extra_env=env)
+        modes = MODES + (("original",) if args.original_venv else ())
+        runs = {m: [] for m in modes}
+        for r in range(args.rounds):
+            for mode in modes:
+                print(f"[dynamo step {name}] {mode} round {r + 1} ...", file=sys.stderr, flush=True)
+                env = {"XLA_DYNAMO_ONE_PROGRAM": "1" if mode == "one_program" else "0"}
+                contender = "original_split" if mode == "original" else mode
+                runs[mode].append(common.run_worker(__file__, contender, args,
+                                                    {"model": name, "steps": args.steps}, extra_env=env))
+        results = {m: _medians(rs) for m, rs in runs.items()}
         title = f"One XLA program per training step: {name}" + (" (quick sizes)" if args.quick else "")
         table = common.markdown_table(title, results, COLUMNS, ratio_key="samples_s",
                                       command=common.command_line(), labels=LABELS)

@@ -202,20 +202,21 @@ def traced_step_graph(wl, inference: bool = False):
 # ---------------------------------------------------------------------------------------
 # worker side
 
-def eager_training_step(wl):
+def eager_training_step(wl, inductor: bool = False):
     """A closure running one eager CPU training step of workload `wl` (seed 0, one fixed
-    batch); returns the loss."""
+    batch); returns the loss. With `inductor`, the model is `torch.compile`d (inductor)."""
     import torch
     set_threads()
     torch.manual_seed(0)
     model = wl.make_model()
     model.train()
     opt = wl.make_opt(model.parameters())
+    run = torch.compile(model) if inductor else model
     x, y = wl.make_batch(0)
 
     def step():
         opt.zero_grad()
-        loss = wl.loss_fn(model, x, y)
+        loss = wl.loss_fn(run, x, y)
         loss.backward()
         opt.step()
         return loss

@@ -215,20 +215,10 @@ def _refused(fn, dtype):
     return ei.value
 
 
-def test_complex32_refused():
-    _refused(lambda: torch.zeros(2, dtype=torch.complex32, device=_xla()), torch.complex32)
-    _refused(lambda: torch.zeros(2, dtype=torch.complex32).to(_xla()), torch.complex32)
-
-
 @pytest.mark.parametrize("dtype", [torch.quint8, torch.qint8, torch.qint32])
 def test_quantized_refused(dtype):
     q = torch.quantize_per_tensor(torch.randn(4), 0.1, 0, dtype)
     _refused(lambda: q.to(_xla()), dtype)
-
-
-def test_unsupported_dtype_conversion_on_device():
-    x = torch.randn(2).to(_xla())
-    _refused(lambda: x.to(torch.complex32), torch.complex32)
 
 
 # ---------------------------------------------------------------------------------------

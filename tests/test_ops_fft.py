@@ -187,7 +187,3 @@ def test_angle():
           x, rnd(6, dtype=torch.int64), rnd(6) > 0, rnd(6, dtype=torch.complex64, seed=1))
     check(lambda x, a, b: (torch.angle(x), torch.angle(cplx(a, b))), rnd(6), rnd(6, seed=1), rnd(6, seed=2), grad=True)
 
-
-def test_chalf_unsupported():
-    with pytest.raises(TypeError, match="not supported"):
-        torch.zeros(3, dtype=torch.complex32).to(XLA)

@@ -276,3 +276,32 @@ def test_chunked_linear_cross_entropy_values_and_grads(reduction, bias):
     for a, c in zip(got, ref):
         torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-5)
     assert not _fallbacks()
+
+
+def test_lax_ops_broadcast_their_operands():
+    """complex and integer trunc division broadcast operands of different ranks."""
+    from helpers import check_op, no_fallback
+    g = torch.Generator().manual_seed(0)
+    with no_fallback():
+        check_op(torch.complex, torch.randn(5, 1, generator=g), torch.randn(5, generator=g))
+        check_op(torch.polar, torch.rand(5, 1, generator=g), torch.randn(3, generator=g))
+        a, b = torch.randint(-9, 9, (5, 1), generator=g), torch.randint(1, 5, (4,), generator=g)
+        check_op(lambda x, y: torch.div(x, y, rounding_mode="trunc"), a, b)
+        check_op(lambda x, y: torch.div(x, y, rounding_mode="trunc"), b, a.abs() + 1)
+
+
+@pytest.mark.parametrize("fn", [lambda t: torch.log_softmax(t, -1), lambda t: torch.softmax(t, 1),
+                                lambda t: torch.logsumexp(t, -1), lambda t: F.softmin(t, -1)])
+def test_reductions_over_empty_axis_with_empty_result(fn):
+    """Results with no element compute nothing (a max over an empty axis has no identity)."""
+    from helpers import check_op, no_fallback
+    with no_fallback():
+        check_op(fn, torch.randn(5, 0, 0))
+
+
+def test_amax_over_empty_axis_still_refused():
+    x = torch.randn(5, 0, 0)
+    with pytest.raises(IndexError, match="non-zero size"):
+        torch.amax(x, -1)
+    with pytest.raises(IndexError, match="non-zero size"):
+        torch.amax(x.to(DEV), -1)

@@ -278,15 +278,18 @@ def _xla_get_tensor_id(tensor: torch.Tensor) -> int:
     return id(s.node) if type(s.node) is ir.DeviceData else id(s)
 
 
-def _get_tensors_xla_device_data_node(tensors: List[torch.Tensor]):
-    """(ids, values) of the device data leaves the graph computing `tensors` reads."""
-    graph = executor.Graph(_roots(tensors))
+def _get_tensors_xla_device_data_node(tensors: List[torch.Tensor], uncloned_tensors: List[torch.Tensor] = ()):
+    """(ids, values) of the device data leaves the graph computing `tensors` reads, one
+    per buffer, in the input order of `_run_cached_graph`. A leaf held by one of
+    `uncloned_tensors` is given as that tensor, any other as a new tensor on the leaf."""
+    from .core import dynamo_bridge
+    given = {_xla_get_tensor_id(t): t for t in uncloned_tensors}
     ids, values = [], []
-    for p in graph.params:
-        if type(p) is ir.DeviceData:
-            shape, dtype = p.avals[0]
-            ids.append(id(p))
-            values.append(_tensor.wrap_user(_tensor.make_tensor(p, 0, shape, dtype)))
+    for p in dynamo_bridge.graph_inputs(_roots(tensors)):
+        shape, dtype = p.avals[0]
+        ids.append(id(p))
+        t = given.get(id(p))
+        values.append(t if t is not None else _tensor.wrap_user(_tensor.make_tensor(p, 0, shape, dtype)))
     return ids, values
 
 
@@ -430,8 +433,10 @@ def _xla_real_devices(devices: List[str]) -> List[str]:
 
 
 def _get_xla_tensor_dimension_size(t: torch.Tensor, dim: int) -> torch.Tensor:
-    """The size of dimension `dim` of `t` as a 0-d int32 xla tensor (shapes are static)."""
-    return torch.tensor(t.shape[dim], dtype=torch.int32, device=t.device)
+    """The size of dimension `dim` of `t` as a 0-d int32 xla tensor (a bounded dynamic
+    size is its device value: no host read)."""
+    from ._engine.kernels import bounded
+    return bounded.dimension_size(t, dim)
 
 
 def _get_xla_tensor_shape_type(t: torch.Tensor) -> str:
@@ -587,19 +592,28 @@ def _set_allow_execution(allow: bool) -> None:
 
 
 def _xla_tensors_report(nodes_threshold: int, device: str) -> str:
-    """The live tensors whose pending graph has at least `nodes_threshold` nodes: per
-    tensor, its shape and dtype and its graph's text (`_get_xla_tensors_text`)."""
+    """The live tensors whose graph has more than `nodes_threshold` nodes (pending values
+    and device data): per tensor its id, shape, device and node count, with XLA_IR_DEBUG /
+    XLA_HLO_DEBUG the frames that created it (`Frames:`), and its IR text (each node made
+    inside a profiler `Trace` with `scope=<name>.<n>`)."""
+    from ._engine.executor import ir_debug
     live = _tensor.pending.take_live()
     _tensor.pending.restore(live)
-    lines = []
+    seen = {id(s) for s in live}
+    live += [s for s in list(_tensor.data_states) if id(s) not in seen and type(s.node) is ir.DeviceData]
+    out = []
     for s in live:
-        size = len(executor.Graph([(s.node, s.idx)]).order)
-        if size < nodes_threshold:
+        roots = [(s.node, s.idx)]
+        order = executor.Graph(roots).order
+        if len(order) <= nodes_threshold:
             continue
-        lines.append(f"Tensor: {_dt(s.dtype)}[{','.join(map(str, s.shape))}] on {device}, graph of {size} nodes")
-        order = executor.Graph([(s.node, s.idx)]).order
-        lines.extend("  " + n.op for n in order)
-    return "TensorsGraphInfo:\n" + "\n".join(lines) + ("\n" if lines else "")
+        out.append(f"Tensor: id={id(s)}, shape={_dt(s.dtype)}[{','.join(map(str, s.shape))}], device={device}, "
+                   f"ir_nodes={len(order)}\n")
+        frames = ir_debug.frames_text(order)
+        if frames:
+            out.append(frames)
+        out.append(_dumps.ir_text(order, roots) + "\n\n")
+    return "".join(out)
 
 
 class LoweringContext:
@@ -665,3 +679,51 @@ class LoweringContext:
 
 
 lowering = SimpleNamespace(LoweringContext=LoweringContext)
+
+
+# ---- the helpers of the original's dynamo bridge ---------------------------------------------
+
+_SEED_INFO_ID = -127389   # the id `_get_tensors_xla_device_data_node` gives the original's seed
+
+
+def _get_seed_info_id() -> int:
+    """The tensor id the original's `_get_tensors_xla_device_data_node` reports for the
+    random seed's device data."""
+    return _SEED_INFO_ID
+
+
+def _get_base_seed_as_tensor(device: str) -> torch.Tensor:
+    """The random number generator's current seed (`xm.set_rng_state`'s value at the start
+    of a step) as an int64 tensor on `device`."""
+    from ._engine import rng
+    return torch.tensor(rng.snapshot()[0], dtype=torch.int64, device=device)
+
+
+def _check_tensor_need_materialization(tensors: List[torch.Tensor]) -> List[bool]:
+    """Per tensor, whether its value needs a computation (pending IR); False for device
+    data and for tensors off the xla device."""
+    return [isinstance(t, torch.Tensor) and t.device.type == "xla" and not state_of(t).is_data
+            for t in tensors]
+
+
+def _clear_pending_irs(device: str) -> None:  # noqa: ARG001 (one device per process)
+    """Drops the pending IR of every live tensor (use with care: those tensors hold no
+    value afterwards, reading them raises)."""
+    from .core import dynamo_bridge
+    dynamo_bridge.clear_pending_irs()
+
+
+def _xla_warm_up_cache(tensors: List[torch.Tensor], devices: List[str]) -> None:  # noqa: ARG001
+    """Compiles the graph computing `tensors` without running it, for `_run_cached_graph`
+    under the graph's `_get_graph_hash`; the tensors stay pending."""
+    from .core import dynamo_bridge
+    tensors = [t for t in tensors if isinstance(t, torch.Tensor) and t.device.type == "xla"]
+    dynamo_bridge.warm_up_cache(_get_graph_hash(tensors), _roots(tensors))
+
+
+def _run_cached_graph(hash: bytes, graph_inputs: List[torch.Tensor]) -> List[torch.Tensor]:  # noqa: A002
+    """Runs the graph `_xla_warm_up_cache` compiled under `hash` on `graph_inputs` (in
+    `_get_tensors_xla_device_data_node` order; CPU tensors are sent to the device);
+    returns its outputs, the warmed-up tensors that were not device data, each value once."""
+    from .core import dynamo_bridge
+    return dynamo_bridge.run_cached_graph(bytes(hash), graph_inputs)

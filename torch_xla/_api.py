@@ -4,12 +4,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
+import weakref
 from typing import Any, Callable, List, Optional, Set, Union
 
 import torch
 
 from ._engine import executor, ir, job, telemetry, mode, rng, pjrt
-from ._engine.executor import analysis
+from ._engine import tensor as _tensor
+from ._engine.executor import analysis, graph_limit
 
 
 def device(index: Optional[int] = None) -> torch.device:
@@ -127,12 +129,12 @@ def step():
 
 class _Compiled:
     def __init__(self, fn: Callable, full_graph: bool, name: Optional[str],
-                 num_different_graphs_allowed: Optional[int]):
+                 max_different_graphs: Optional[int], limit_name: str = "max_different_graphs"):
         self.fn = fn
         self.full_graph = full_graph
         self.name = name or getattr(fn, "__name__", "compiled")
-        self.allowed = num_different_graphs_allowed
-        self.graphs = set()
+        self.allowed = max_different_graphs
+        self.limit_name = limit_name
         functools.update_wrapper(self, fn)
 
     def __get__(self, obj, objtype=None):
@@ -154,30 +156,66 @@ class _Compiled:
                     f"the compiled function, exiting: it was split into {extra + 1} graphs (a host read: "
                     f"item(), print, .cpu(), or a CPU fallback forced execution before the end)")
         if self.allowed is not None:
-            key = executor.pending_graph_key()
-            if key is not None and key not in self.graphs:
-                if len(self.graphs) >= self.allowed:
-                    raise RuntimeError(
-                        f"torch_xla.compile({self.name!r}): this call traced a graph different from "
-                        f"the {len(self.graphs)} seen before, more than num_different_graphs_allowed="
-                        f"{self.allowed} (an input's shape, dtype or a Python value changed the graph)")
-                self.graphs.add(key)
+            self._count_graph()
         with analysis.cause("torch_xla.compile", self.name):
             sync()
         return result
 
+    def _count_graph(self) -> None:
+        order = _pending_order()
+        values = graph_limit.values_of(order) if order else []
+        try:
+            _graph_session(self.fn, self.name).add(values, self.allowed)
+        except RuntimeError as e:
+            raise RuntimeError(f"{e}(in the function {self.name!r} compiled by torch_xla.compile with "
+                               f"{self.limit_name}={self.allowed})") from None
+
+
+# (name, id(fn)) -> the graphs that function traced; `_graph_owners` tells whether the id
+# still names the same function (a dead local function's id may be reused by another).
+_graph_sessions: dict = {}
+_graph_owners: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+
+
+def _graph_session(fn: Callable, name: str) -> "graph_limit.Session":
+    key = (name, id(fn))
+    if _graph_owners.get(key) is not fn:
+        _graph_sessions[key] = graph_limit.Session()
+        try:
+            _graph_owners[key] = fn
+        except TypeError:   # not weakly referenceable: the session lives as long as the process
+            pass
+    return _graph_sessions[key]
+
+
+def _pending_order() -> list:
+    live = _tensor.pending.take_live()
+    _tensor.pending.restore(live)
+    roots, seen = [], set()
+    for s in live:
+        k = (id(s.node), s.idx)
+        if k not in seen:
+            seen.add(k)
+            roots.append((s.node, s.idx))
+    return executor.Graph(roots).order if roots else []
+
 
 def compile(f: Optional[Callable] = None, full_graph: bool = False, name: Optional[str] = None,
+            max_different_graphs: Optional[int] = None,
             num_different_graphs_allowed: Optional[int] = None):
     """Compiles `f` with the lazy tensor tracer: one graph per call, launched at return.
 
     With `full_graph=True`, an execution forced inside `f` is an error; with
-    `num_different_graphs_allowed=n`, a call tracing an (n+1)-th different graph is one.
+    `max_different_graphs=n` (`num_different_graphs_allowed` is the same), a call whose
+    ops would make an (n+1)-th different graph of `f` raises RuntimeError naming the op
+    where it left the graphs traced before.
     """
+    limit_name = "max_different_graphs"
+    if max_different_graphs is None and num_different_graphs_allowed is not None:
+        max_different_graphs, limit_name = num_different_graphs_allowed, "num_different_graphs_allowed"
     if f is None:
-        return functools.partial(compile, full_graph=full_graph, name=name,
-                                 num_different_graphs_allowed=num_different_graphs_allowed)
-    return _Compiled(f, full_graph, name, num_different_graphs_allowed)
+        return functools.partial(compile, full_graph=full_graph, name=name, **{limit_name: max_different_graphs})
+    return _Compiled(f, full_graph, name, max_different_graphs, limit_name)
 
 
 def manual_seed(seed: int, device: Optional[torch.device] = None) -> None:

@@ -72,6 +72,9 @@ _VARS = [
         "RuntimeError", cached=False),
     Var("XLA_HEARTBEAT_TIMEOUT_S", "int", 60,
         "seconds without a heartbeat before the coordination service declares a process dead"),
+    Var("XLA_EXPERIMENTAL", "str", "",
+        "ops kept on the device with bounded dynamic shapes, `:`-separated: `nonzero`, `masked_select`, "
+        "`masked_scatter`, `nms` (read at import; docs/dynamic_shapes.md)"),
     Var("XLA_TIERED_COMPILE", "bool", False,
         "`1`: a large program's first two runs use a quickly compiled executable (on CPU: "
         "XLA's fusion emitters off, about half the compile time) while the optimized one "
@@ -100,6 +103,8 @@ _VARS = [
         "`0`: `xs.mark_sharding` inside `torch.compile` stays a graph break (no Dynamo stand-in)"),
     Var("PT_XLA_LAZY_DYNAMO_DISABLE", "bool", True,
         "`0`: let PyTorch's meta kernels import `torch._dynamo` on their first call"),
+    Var("PT_XLA_LAZY_OPTIMIZER_DYNAMO", "bool", True,
+        "`0`: let torch.optim's `step` import `torch._dynamo` on its first call"),
     Var("TORCH_XLA_JAX_PROCESS_ID", "int", None, "set by the launcher: this process's rank", cached=False),
     Var("TORCH_XLA_JAX_WORLD_SIZE", "int", None, "set by the launcher: number of processes", cached=False),
     Var("TORCH_XLA_JAX_LOCAL_RANK", "int", None, "set by the launcher: rank on this host", cached=False),

@@ -150,6 +150,8 @@ class DeviceData(Node):
         self.array = array
         self.computed = False  # a program's result (SPMD: its layout is XLA's choice, shown)
         self._host = hasattr(array, "place")
+        if recording.frames:
+            record_debug_info(self)
         # Through Node's slot: in SPMD mode `DeviceData.hash` is a property without a setter.
         if DeviceData.shard_aware:
             _NODE_HASH.__set__(self, hash(("data", aval, array.sharding)))
@@ -275,6 +277,15 @@ DONORS: "weakref.WeakSet" = weakref.WeakSet()
 DYNAMIC_DIMS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
+# The dimensions of node outputs that hold a bounded (padded) value whose real size is a
+# device value (kernels/bounded.py): {node: {output index: dims}}; dumps print them `<=N`.
+BOUNDED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def mark_bounded(node: Node, idx: int, dims: tuple) -> None:
+    BOUNDED.setdefault(node, {})[idx] = dims
+
+
 # ---- source lines (XLA_HLO_DEBUG) -------------------------------------------------------
 
 # Nodes of ops whose programs check their values on the device (indices, integer
@@ -313,13 +324,17 @@ class _Recording:
     without a lock (a node made meanwhile in another thread may or may not record); read
     at every node's creation by any tracing thread (the specialised kernels hold it as
     `RECORDING`)."""
-    __slots__ = ("on",)
+    __slots__ = ("on", "frames")
 
     def __init__(self):
         self.on = False
+        # XLA_IR_DEBUG / XLA_HLO_DEBUG: nodes (device data too) also keep their creation's
+        # profiler scope and Python frames in `DEBUG_INFO` (`_xla_tensors_report`).
+        self.frames = False
 
 
 recording = _Recording()
+DEBUG_INFO: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # node -> (scope, frames)
 
 
 def record_sources(on: bool = True) -> None:
@@ -334,6 +349,19 @@ def record_source(node: Node) -> None:
     f = _user_frame()
     if f is not None:
         SOURCES[node] = f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
+    if recording.frames:
+        record_debug_info(node, f)
+
+
+def record_debug_info(node: Node, f=None) -> None:
+    """The open profiler scope and the user's frames (innermost first) creating `node`."""
+    if f is None:
+        f = _user_frame()
+    frames = []
+    while f is not None and len(frames) < 32:
+        frames.append((f.f_code.co_name, f.f_code.co_filename, f.f_lineno))
+        f = f.f_back
+    DEBUG_INFO[node] = (current_scope(), tuple(frames))
 
 
 # ---- IR scopes: the names of the open profiler `Trace` regions -------------------------

@@ -157,6 +157,15 @@ REGISTRY: List[Patch] = [
           "PyTorch's Python meta kernels import `torch._dynamo` (1-2 s) on their first call "
           "only to mark themselves untraceable; until something imports it they run plainly",
           "_engine.process_patches:lazy_dynamo_disable", IMPORT, "_dynamo_disable_stand_ins()"),
+    Patch("lazy_optimizer_dynamo", "the `step` of torch.optim's optimizer classes (and of any `Optimizer` "
+          "subclass defined before `import torch_xla`): the code of PyTorch's `_use_grad` wrapper, until "
+          "`torch._dynamo` starts loading (an import hook puts PyTorch's code back)", "import",
+          "PT_XLA_LAZY_OPTIMIZER_DYNAMO",
+          "PyTorch's wrapper imports `torch._dynamo` (0.5-0.6 s) at the first step only to place graph "
+          "breaks, which do nothing unless Dynamo is tracing; until something imports it the step sets "
+          "the grad mode and runs as PyTorch's does",
+          "_engine.process_patches:lazy_optimizer_dynamo", IMPORT,
+          "torch.optim.SGD.step.__code__.co_filename"),
     Patch("xla_flags", "the `XLA_FLAGS` and `JAX_PLATFORMS` environment variables",
           "first device use, before jax starts", "XLA_FLAGS naming the flag yourself",
           "`JAX_PLATFORMS` from `PJRT_DEVICE`; on CPU, XLA's memory-minimising scheduler "

@@ -164,6 +164,11 @@ def device_error(device: torch.device) -> str:
 # ---------------------------------------------------------------------------------------
 # dtypes
 
+# complex32 has no XLA type: the device holds it as complex64 whose parts are float16
+# values (rounded after every op, `is_complex32`), and transfers convert. The marked dtype
+# equals complex64 everywhere (jax, numpy, dict keys); only its metadata tells them apart.
+COMPLEX32 = np.dtype(np.complex64, metadata={"torch": "complex32"})
+
 _TORCH_TO_NP = {
     torch.float32: np.dtype(np.float32),
     torch.float64: np.dtype(np.float64),
@@ -180,10 +185,11 @@ _TORCH_TO_NP = {
     torch.bool: np.dtype(np.bool_),
     torch.complex64: np.dtype(np.complex64),
     torch.complex128: np.dtype(np.complex128),
+    torch.complex32: COMPLEX32,
     torch.float8_e4m3fn: np.dtype(ml_dtypes.float8_e4m3fn),
     torch.float8_e5m2: np.dtype(ml_dtypes.float8_e5m2),
 }
-_NP_TO_TORCH = {v: k for k, v in _TORCH_TO_NP.items()}
+_NP_TO_TORCH = {v: k for k, v in _TORCH_TO_NP.items() if k is not torch.complex32}
 
 
 _FLOATS = (torch.float32, torch.float64)
@@ -238,6 +244,12 @@ def is_supported_dtype(dtype: torch.dtype) -> bool:
     return dtype in _TORCH_TO_NP
 
 
+def is_complex32(dtype) -> bool:
+    """Whether a numpy/jax dtype is the device form of torch.complex32."""
+    meta = getattr(dtype, "metadata", None)
+    return meta is not None and meta.get("torch") == "complex32"
+
+
 # ---------------------------------------------------------------------------------------
 # transfers
 
@@ -256,6 +268,8 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
         return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
     if dt in (torch.float8_e4m3fn, torch.float8_e5m2):
         return t.view(torch.uint8).numpy().view(_TORCH_TO_NP[dt]).copy()
+    if dt == torch.complex32:
+        return t.to(torch.complex64).numpy().astype(COMPLEX32)
     if dt in (torch.uint16, torch.uint32, torch.uint64):
         return np.array(t.tolist(), dtype=_TORCH_TO_NP[dt]).reshape(tuple(t.shape))
     return t.numpy().copy()
@@ -275,6 +289,8 @@ def from_numpy(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         return torch.from_numpy(bits.copy()).view(dtype)
     if dtype in (torch.uint16, torch.uint32, torch.uint64):
         return torch.tensor(a.tolist(), dtype=dtype).reshape(a.shape)
+    if dtype == torch.complex32:
+        return torch.from_numpy(np.array(a, dtype=np.complex64)).to(torch.complex32)
     return torch.from_numpy(np.array(a, copy=True))
 
 

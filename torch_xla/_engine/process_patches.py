@@ -225,3 +225,77 @@ def lazy_dynamo_disable() -> bool:
     return True
 
 
+
+# ---- lazy_optimizer_dynamo --------------------------------------------------------------------
+# torch.optim's `step` wrapper (`_use_grad_for_differentiable`) imports torch._dynamo at every
+# call to put a graph break on either side of the step, a no-op unless Dynamo is tracing, which
+# it cannot be before it is imported: a training script's first step paid the import. Until
+# torch._dynamo starts loading, the wrappers run a stand-in without the import and the no-op
+# breaks; an import hook gives them back PyTorch's code as the import begins, before anything
+# can trace (so Dynamo only ever sees PyTorch's own wrapper).
+
+def _grad_mode_step():
+    func = None   # stands for the cell of PyTorch's wrapper, which keeps its own
+
+    def _use_grad(*args, **kwargs):
+        prev = torch.is_grad_enabled()
+        try:
+            torch.set_grad_enabled(args[0].defaults["differentiable"])
+            return func(*args, **kwargs)
+        finally:
+            torch.set_grad_enabled(prev)
+    return _use_grad
+
+
+_STEP_STAND_IN = _grad_mode_step().__code__
+_swapped_steps: list = []   # [(function, PyTorch's code)]
+
+
+class _RestoreOptimizerSteps:
+    """Gives the optimizers' step wrappers back PyTorch's code when torch._dynamo starts loading."""
+
+    def find_spec(self, name, path, target=None):
+        if name == "torch._dynamo":
+            restore_optimizer_steps()
+        return None
+
+
+def restore_optimizer_steps() -> None:
+    """Undoes `lazy_optimizer_dynamo` (the import of torch._dynamo calls it)."""
+    # A new list, not a removal: the import system may be iterating over the old one (a
+    # removal from it would skip the finder after this one, e.g. `quiet_gc_imports`' hook).
+    if any(isinstance(f, _RestoreOptimizerSteps) for f in sys.meta_path):
+        sys.meta_path = [f for f in sys.meta_path if not isinstance(f, _RestoreOptimizerSteps)]
+    while _swapped_steps:
+        fn, code = _swapped_steps.pop()
+        fn.__code__ = code
+
+
+def lazy_optimizer_dynamo() -> bool:
+    """The stand-in above for the `step` of every optimizer class defined so far (torch.optim's
+    and any subclass of `Optimizer`), and the hook that takes it back."""
+    if "torch._dynamo" in sys.modules:
+        return True
+    from torch.optim import optimizer as opt_mod
+    outer = getattr(opt_mod, "_use_grad_for_differentiable", None)
+    inner = [c for c in getattr(getattr(outer, "__code__", None), "co_consts", ())
+             if isinstance(c, types.CodeType) and c.co_name == "_use_grad"]
+    if (len(inner) != 1 or inner[0].co_freevars != _STEP_STAND_IN.co_freevars
+            or "graph_break" not in inner[0].co_names or opt_mod.__dict__.get("torch") is not torch):
+        return patches.refuse("torch.optim's step wrapper", "it looks different")
+    code, seen, classes = inner[0], set(), [opt_mod.Optimizer]
+    while classes:
+        cls = classes.pop()
+        classes.extend(cls.__subclasses__())
+        fn = cls.__dict__.get("step")
+        # A class stepped once is wrapped again by the optimizer's profiling hook.
+        while fn is not None and id(fn) not in seen:
+            seen.add(id(fn))
+            if type(fn) is types.FunctionType and fn.__code__ is code:
+                fn.__code__ = _STEP_STAND_IN
+                _swapped_steps.append((fn, code))
+                break
+            fn = getattr(fn, "__wrapped__", None)
+    if _swapped_steps and not any(isinstance(f, _RestoreOptimizerSteps) for f in sys.meta_path):
+        sys.meta_path.insert(0, _RestoreOptimizerSteps())
+    return True

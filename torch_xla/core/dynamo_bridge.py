@@ -16,20 +16,33 @@ layouts, tracing it at the first such call. Sharding annotations inside the grap
 With `XLA_DYNAMO_ONE_PROGRAM=1` a call applies the program as one pending IR node
 (`OneProgramGraph`): a training step's forward, backward and optimizer become one program
 at the step's barrier.
+
+Dynamic shapes (`torch.compile(..., dynamic=True)`, `torch._dynamo.mark_dynamic`): Dynamo
+traces one graph whose sizes are symbols, passed to the graph as int arguments. XLA
+compiles static shapes, so the graph gets one program per distinct set of concrete sizes
+(the call's tensor shapes and int arguments), traced and compiled at the first call with
+those sizes and reused afterwards; the graph itself is extracted once
+(`DynamoExtractCompiledGraph`), each new set of sizes counts `DynamoCompileNewSizes`, and
+XLA_DYNAMO_DEBUG names the sizes.
+
+The helpers of `torch_xla._XLAC` the original's bridge is built on (`_get_graph_hash`,
+`_xla_warm_up_cache`, `_run_cached_graph`, `_get_tensors_xla_device_data_node`,
+`_clear_pending_irs`) are implemented here on the same captured programs.
 """
 from __future__ import annotations
 
 import contextlib
 import warnings
+from collections import OrderedDict
 from typing import Any, Callable, Dict, Iterator, List, Sequence
 
 import torch
 from torch.utils import _pytree as pytree
 
 from .._dynamo import config
-from .._engine import capture as _capture, env_vars as _config, executor as _executor, telemetry, mode
-from .._engine.executor import analysis as _analysis, donation as _donation
-from .._engine.tensor import state_of
+from .._engine import capture as _capture, env_vars as _config, executor as _executor, ir, rng, telemetry, mode
+from .._engine.executor import analysis as _analysis, donation as _donation, dumps as _dumps
+from .._engine.tensor import pending as _pending, state_of
 
 _LAZY = "lazy"   # a graph that must be traced at every call
 
@@ -150,8 +163,25 @@ class CompiledGraph:
         # SPMD: every program traced for a signature, by its inputs' layouts (`programs`
         # holds the one used last); a run whose inputs are laid out anew picks or traces one.
         self.laid_out: Dict[tuple, Any] = {}
+        self.host_scalars = None   # positions of 0-d CPU tensor inputs, found at the first call
+
+    def _on_device(self, args: tuple) -> tuple:
+        """`args` with their 0-d CPU tensors on the xla device. Dynamo passes the Python
+        floats of a dynamic graph (`specialize_float=False`) as such tensors: sent with
+        the call, one program serves every value (as a CPU scalar operand of an xla op)."""
+        found = self.host_scalars
+        if found is None:
+            found = self.host_scalars = _host_scalars(args)
+        if not found:
+            return args
+        device, pos = found
+        args = list(args)
+        for i in pos:
+            args[i] = args[i].to(device)
+        return tuple(args)
 
     def __call__(self, *args: Any) -> Any:
+        args = self._on_device(args)
         key = _signature(args)
         entry = self.programs.get(key)
         if entry is None:
@@ -180,7 +210,8 @@ class CompiledGraph:
         return _run(program, [a for a in args if isinstance(a, torch.Tensor)], states)
 
     def _first_call(self, key: tuple, args: Sequence[Any]) -> Any:
-        telemetry.inc("DynamoExtractCompiledGraph")
+        if self.programs and key not in self.programs:
+            _new_sizes(self, key)
         tensor_pos = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         if any(args[i].device.type != "xla" for i in tensor_pos):
             _debug(f"graph {self.name}: an input is not on the xla device: it runs lazily at every call")
@@ -223,6 +254,7 @@ class OneProgramGraph(CompiledGraph):
     collectives) and calls in eager mode run at once as `CompiledGraph` does."""
 
     def __call__(self, *args: Any) -> Any:
+        args = self._on_device(args)
         key = _signature(args)
         program = self.programs.get(key)
         if program is None:
@@ -246,9 +278,31 @@ class OneProgramGraph(CompiledGraph):
         return program.outputs(program.apply(flat, [state_of(t) for t in flat]))
 
 
+def _host_scalars(args: Sequence[Any]):
+    """(xla device, positions of the 0-d CPU tensors among `args`), or () when there are
+    none or no tensor of the call is on the xla device (a graph of CPU tensors is left as
+    it is)."""
+    device = next((a.device for a in args if isinstance(a, torch.Tensor) and a.device.type == "xla"), None)
+    pos = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.device.type == "cpu" and a.dim() == 0]
+    return (device, pos) if device is not None and pos else ()
+
+
+def _new_sizes(graph: CompiledGraph, key: tuple) -> None:
+    """A graph called with sizes it has no program for (a dynamic dimension took a new
+    value, or Dynamo's guards let other shapes through): counted, and explained under
+    XLA_DYNAMO_DEBUG before the trace and compile."""
+    telemetry.inc("DynamoCompileNewSizes")
+    if _config.get("XLA_DYNAMO_DEBUG"):
+        sizes = [tuple(k[0]) if isinstance(k[0], torch.Size) else k[1] for k in key]
+        _debug(f"graph {graph.name}: no program for the input sizes {sizes}: traced and compiled for them "
+               f"(XLA compiles static shapes; {len(graph.programs) + 1} programs for this graph)")
+
+
 def _run(program, flat: list, states=None) -> Any:
     """Runs a traced graph's program on its input buffers; each run records how many
     buffers went in and came out (`RunCachedGraphInputData` / `...OutputData`)."""
+    if _dumps.settings.on:
+        _dump_run(program)
     results = program.run_flat(flat, states)
     telemetry.add_sample("RunCachedGraphInputData", len(flat))
     telemetry.add_sample("RunCachedGraphOutputData", len(results))
@@ -277,6 +331,7 @@ def extract_compiled_graph(graph_module: torch.fx.GraphModule,
     original traces them at once) are not needed. With `XLA_DYNAMO_ONE_PROGRAM=1` the
     callable applies the program as one pending IR node instead of running it
     (`OneProgramGraph`)."""
+    telemetry.inc("DynamoExtractCompiledGraph")
     if _config.get("XLA_DYNAMO_ONE_PROGRAM"):
         return OneProgramGraph(graph_module)
     return CompiledGraph(graph_module)
@@ -285,6 +340,149 @@ def extract_compiled_graph(graph_module: torch.fx.GraphModule,
 def extract_compiled_graph_and_run(graph_module: torch.fx.GraphModule, args: Sequence[Any]) -> Any:
     """`extract_compiled_graph(graph_module, args)(*args)`."""
     return extract_compiled_graph(graph_module, args)(*args)
+
+
+# ---- the graph helpers of `torch_xla._XLAC` -------------------------------------------------
+
+def _dump_run(program) -> None:
+    """XLA_SAVE_TENSORS_FILE: each run of a Dynamo program appends its graph under
+    `[dynamo]` (the text is made at the program's first run)."""
+    path = _dumps.saved_tensors_path()
+    if not path:
+        return
+    text = getattr(program, "dump_text", None)
+    if text is None:
+        text = program.dump_text = _graph_dump(program.graph, program.strategy)
+    with open(path, "a") as fh:
+        fh.write(f"[dynamo]\n{text}\n")
+
+
+def _graph_dump(graph, strategy) -> str:
+    body = _dumps.graph_text(graph, strategy, _config.get("XLA_SAVE_TENSORS_FMT"))
+    if not body.endswith("\n"):
+        body += "\n"
+    roots = ", ".join(_analysis.graph_hash(n.hash) for n, _ in graph.roots)
+    return ("TensorsGraphInfo:\n" + "".join(f"  {f}\n" for f in _analysis.frames())
+            + f"\nRoot Hashes: ({roots})\n\n## BEGIN_GRAPH\n{body}"
+            + f"Graph Hash: {_analysis.graph_hash(graph.key)}\n\n## END_GRAPH\n\n")
+
+
+def graph_inputs(roots: Sequence[tuple]) -> List[Any]:
+    """The device data leaves the graph of `roots` reads, one per buffer, in the order of
+    the parameter sequence of the original's graphs: depth first from each root in turn,
+    a node's operands visited last to first. `run_cached_graph` takes its inputs in this
+    order, so a caller can match them to the leaves it knows."""
+    expanded, emitted, buffers, out = set(), set(), set(), []
+    for root, _ in roots:
+        stack = [root]
+        while stack:
+            node = stack[-1]
+            nid = id(node)
+            if nid not in expanded:
+                expanded.add(nid)
+                stack.extend(o for o, _ in node.operands if id(o) not in expanded)
+                continue
+            stack.pop()
+            if nid in emitted:
+                continue
+            emitted.add(nid)
+            if type(node) is ir.DeviceData and id(node.array) not in buffers:
+                buffers.add(id(node.array))
+                out.append(node)
+    return out
+
+
+class _CachedGraph:
+    """A program warmed up for `_run_cached_graph`: its inputs are the graph's device
+    data leaves in `graph_inputs` order; `program` is None when every root was data
+    already (nothing to compute)."""
+    __slots__ = ("program", "n_inputs", "positions")
+
+    def __init__(self, program, n_inputs: int, positions: List[int]):
+        self.program = program
+        self.n_inputs = n_inputs
+        self.positions = positions   # input position of each of the program's flat inputs
+
+
+# hash bytes -> _CachedGraph, least recently used first. Each entry keeps its graph's
+# captured buffers alive, hence the bound.
+_cached_graphs: "OrderedDict[bytes, _CachedGraph]" = OrderedDict()
+_CACHED_GRAPHS_MAX = 256
+
+
+def warm_up_cache(key: bytes, roots: Sequence[tuple]) -> None:
+    """Compiles the program computing `roots` (nothing runs) and keeps it under `key`,
+    the graph's hash, for `run_cached_graph`. Its outputs are the roots that are not
+    device data already, each value once: what the original's graph returns."""
+    if key in _cached_graphs:
+        _cached_graphs.move_to_end(key)
+        return
+    leaves = graph_inputs(roots)
+    outs, seen = [], set()
+    for node, idx in roots:
+        if type(node) is ir.DeviceData or (id(node), idx) in seen:
+            continue
+        seen.add((id(node), idx))
+        outs.append((node, idx))
+    program, positions = None, []
+    if outs:
+        graph, strategy = _executor.walk(outs)
+        at = {id(leaf.array): k for k, leaf in enumerate(leaves)}
+        slots = []
+        for slot, p in enumerate(graph.params):
+            if type(p) is ir.DeviceData:
+                positions.append(at[id(p.array)])
+                slots.append(slot)
+        seed = rng.current_seed_node()
+        seed_slot = graph.slot.get(id(seed), -1) if seed is not None else -1
+        out_tree = pytree.tree_flatten(list(range(len(outs))))[1]
+        program = _capture.Program(graph, strategy, slots, [], out_tree, list(range(len(outs))), seed_slot)
+        program.compile_cause = "dynamo is compiling a FX graph to HLO"
+        program.execute_cause = "dynamo is executing a compiled program"
+        program.executable()
+        if _dumps.settings.on and _dumps.saved_tensors_path():
+            program.dump_text = _graph_dump(graph, strategy)
+    _cached_graphs[key] = _CachedGraph(program, len(leaves), positions)
+    while len(_cached_graphs) > _CACHED_GRAPHS_MAX:
+        _cached_graphs.popitem(last=False)
+
+
+def run_cached_graph(key: bytes, inputs: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    """Runs the program `warm_up_cache` kept under `key` on `inputs` (xla or CPU tensors,
+    in `graph_inputs` order); returns its outputs."""
+    entry = _cached_graphs.get(key)
+    if entry is None:
+        raise RuntimeError(f"_run_cached_graph: no graph was warmed up with hash {key.hex()} "
+                           f"(call _xla_warm_up_cache on its tensors first)")
+    if len(inputs) != entry.n_inputs:
+        raise RuntimeError(f"_run_cached_graph: the graph takes {entry.n_inputs} inputs, got {len(inputs)}")
+    _cached_graphs.move_to_end(key)
+    if entry.program is None:
+        return []
+    device = None
+    flat = []
+    for pos in entry.positions:
+        t = inputs[pos]
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"_run_cached_graph: input {pos} is a {type(t).__name__}, not a tensor")
+        if t.device.type != "xla":
+            if device is None:
+                from .._engine import pjrt
+                device = torch.device("xla", pjrt.device_index())
+            t = t.to(device)
+        flat.append(t)
+    return _run(entry.program, flat)
+
+
+def clear_pending_irs() -> None:
+    """Drops the pending IR of every live tensor: each one holds a placeholder instead
+    (no value: reading or computing with it raises), and the next barrier runs nothing
+    for them."""
+    from ._xla_ops import _PT_XLA_TYPE_MAP
+    from .xla_builder import _placeholder
+    for s in _pending.take_live():
+        holder = _placeholder({"type": _PT_XLA_TYPE_MAP[s.dtype], "sizes": tuple(s.shape)})
+        s.set_data(state_of(holder).node)
 
 
 __all__ = ["extract_compiled_graph", "NoneRemover", "CompiledGraph", "OneProgramGraph", "GraphInputMatcher",

@@ -74,3 +74,10 @@ def executed_fallback_ops() -> List[str]:
     (`aten::nonzero`, `torchvision::nms`, ...)."""
     return sorted(c for c in _m.counter_items()
                   if "::" in c and c.split("::")[0] not in ("xla", "decomposed"))
+
+
+def recompilation_report() -> str:
+    """Why graphs compiled again, by cause, with a suggestion each
+    (`torch_xla.debug.recompilation`; on with PT_XLA_DEBUG_LEVEL>=1 or its `enable()`)."""
+    from . import recompilation
+    return recompilation.report()

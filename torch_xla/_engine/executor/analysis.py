@@ -23,12 +23,14 @@ import sys
 from typing import Iterator, List, Optional
 
 from .. import env_vars, ir, job, patches, telemetry
+from . import recompilation
 
 
 class _Settings:
-    """`on`: any analysis is wanted (level >= 1), so the executor calls this module;
-    `level`: the analysis level. Written once, by `activate` at the import of torch_xla
-    (under Python's import lock); read by any thread at barriers, compiles and executions."""
+    """`on`: any analysis is wanted (level >= 1, or the silent recompilation report of
+    `collect`), so the executor calls this module; `level`: the analysis level (0: print
+    nothing). Written by `activate` at the import of torch_xla (under Python's import
+    lock) and by `collect`; read by any thread at barriers, compiles and executions."""
     __slots__ = ("on", "level")
 
     def __init__(self):
@@ -59,7 +61,12 @@ def level() -> int:
 
 
 def activate() -> None:
-    """Turns the analysis on when PT_XLA_DEBUG_LEVEL / PT_XLA_DEBUG ask for it (at import)."""
+    """Turns the analysis on when PT_XLA_DEBUG_LEVEL / PT_XLA_DEBUG ask for it (at import),
+    and the recording of each node's profiler scope and frames when XLA_IR_DEBUG /
+    XLA_HLO_DEBUG do."""
+    if env_vars.get("XLA_IR_DEBUG") or env_vars.get("XLA_HLO_DEBUG"):
+        ir.recording.frames = True
+        ir.record_sources()
     lv = level()
     if lv <= 0:
         return
@@ -68,6 +75,23 @@ def activate() -> None:
     # The recompilation analysis names the source line that created a changed op.
     ir.record_sources()
     patches.install("debug_exit_summary")
+
+
+_collecting = {"changed_sources": False}
+
+
+def collect(on: bool = True) -> None:
+    """Explains recompilations without printing anything (`torch_xla.debug.recompilation
+    .enable()`); with PT_XLA_DEBUG_LEVEL set this is already on and stays on."""
+    if settings.level >= 1:
+        return
+    settings.on = on
+    if on and not ir.recording.on:
+        ir.record_sources()
+        _collecting["changed_sources"] = True
+    elif not on and _collecting["changed_sources"]:
+        ir.record_sources(False)
+        _collecting["changed_sources"] = False
 
 
 def register_summary() -> None:
@@ -183,15 +207,49 @@ def compiled(graph, compiled_exe, default: str, eager: bool = False) -> None:
         _stats["host_read_compiles"] += 1
         text = f"{text}\n  ({_user_line()})"
     descs, srcs = describe(graph)
-    body = ["Compilation Cause"] + _cause_lines(text)
-    body += _graph_info(graph.key, len(graph.params), len(graph.roots), name)
-    body += _recompile_lines(descs, srcs)
-    body += _frame_lines()
-    out = _block("Compilation Analysis: ", body)
-    out += _block("Post Compilation Analysis: ", _memory_lines(compiled_exe))
-    _emit(out)
-    _history.append((graph.key, text.split("\n")[0], descs, srcs))
+    site = _site()
+    explained = _explain(graph, text, descs, site)
+    if settings.level >= 1:
+        body = ["Compilation Cause"] + _cause_lines(text)
+        body += _graph_info(graph.key, len(graph.params), len(graph.roots), name)
+        body += _recompile_lines(descs, srcs)
+        if explained is not None:
+            body += recompilation.lines(explained)
+        body += _frame_lines()
+        out = _block("Compilation Analysis: ", body)
+        out += _block("Post Compilation Analysis: ", _memory_lines(compiled_exe))
+        _emit(out)
+    _history.append((graph.key, text.split("\n")[0], descs, srcs, site))
     del _history[:-_MAX_HISTORY]
+
+
+def _explain(graph, text: str, descs: list, site: str) -> Optional[dict]:
+    """Classifies this compile against the closest graph compiled before at the same
+    barrier line (or as a graph cut by a host read); None for a first graph."""
+    cut = None
+    if text.startswith(HOST_READ):
+        kind, op = recompilation.cut_kind()
+        cut = (kind, op, _user_line().split(": ", 1)[0])
+    same = [h for h in _history if h[4] == site and h[0] != graph.key]
+    if cut is None and not same:
+        return None
+    closest = None
+    changes: list = []
+    if same:
+        closest = max(same, key=lambda h: difflib.SequenceMatcher(None, h[2], descs, autojunk=False).quick_ratio())
+        changes = [(k, o, n) for k, o, n, _ in _diff(closest[2], descs, [None] * len(descs), closest[3])[0]]
+    cause, detail = recompilation.classify(changes, cut)
+    return recompilation.record(cause, detail, graph_hash(graph.key), closest and graph_hash(closest[0]), site)
+
+
+def _site() -> str:
+    """`file:line` of the user code that ran this barrier."""
+    import torch
+    skip = (os.path.dirname(_ENGINE_DIR), os.path.dirname(torch.__file__), _SKIP[1])
+    f = sys._getframe(1)
+    while f is not None and f.f_code.co_filename.startswith(skip):
+        f = f.f_back
+    return "?" if f is None else f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
 
 
 def executed(graph, default: str, eager: bool = False, dynamo: bool = False) -> None:
@@ -202,9 +260,11 @@ def executed(graph, default: str, eager: bool = False, dynamo: bool = False) -> 
     _stats["executions"] += 1
     if text.startswith(HOST_READ):
         _stats["host_read_executions"] += 1
+        line = _user_line()
         if _stats["first_host_read"] is None:
-            _stats["first_host_read"] = _user_line()
-        text = f"{text}\n  ({_user_line()})"
+            _stats["first_host_read"] = line
+        recompilation.host_read(line.split(": ", 1)[0])
+        text = f"{text}\n  ({line})"
     if settings.level < 2:
         return
     body = ["Execution Cause"] + _cause_lines(text)
@@ -295,10 +355,26 @@ def _recompile_lines(descs: list, srcs: list) -> List[str]:
         r = difflib.SequenceMatcher(None, entry[2], descs, autojunk=False).quick_ratio()
         if r > best_ratio:
             best, best_ratio = entry, r
-    key, why, old, old_srcs = best
-    sm = difflib.SequenceMatcher(None, old, descs, autojunk=False)
+    key, why, old, old_srcs = best[:4]
+    ratio = difflib.SequenceMatcher(None, old, descs, autojunk=False).ratio()
     lines = [f"Compiled Again: the closest graph compiled before is {graph_hash(key)} ({why}); "
-             f"{sm.ratio():.0%} of their nodes are alike. What differs:"]
+             f"{ratio:.0%} of their nodes are alike. What differs:"]
+    diffs, follow = _diff(old, descs, srcs, old_srcs)
+    changes = [_change_text(k, o, n, src) for k, o, n, src in diffs]
+    limit = 8
+    lines += ["  " + c for c in changes[:limit]]
+    if len(changes) > limit:
+        lines.append(f"  ... and {len(changes) - limit} more")
+    if follow:
+        lines.append(f"  and {follow} op(s) whose operands changed because of the above")
+    return lines
+
+
+def _diff(old: list, descs: list, srcs: list, old_srcs: list) -> tuple:
+    """The differences of two graphs' node descriptions: [(kind, old, new, source)] with
+    kind op / argument / constant / dtype / shape / added / removed, and the number of ops
+    that differ only by their operands (consequences, not causes)."""
+    sm = difflib.SequenceMatcher(None, old, descs, autojunk=False)
     changes, follow = [], 0
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
         if tag == "equal":
@@ -309,34 +385,38 @@ def _recompile_lines(descs: list, srcs: list) -> List[str]:
             if o[0] == n[0] and o[1] != n[1] and o[3] == n[3]:
                 follow += 1    # same op on operands that changed: a consequence, not a cause
                 continue
-            changes.append(_change(o, n, srcs[b] or old_srcs[a]))
+            changes.append((_kind(o, n), o, n, srcs[b] or old_srcs[a]))
         for b in range(j1 + len(pairs), j2):
-            changes.append(f"added: {_text(descs[b])}{_at(srcs[b])}")
+            changes.append(("added", None, descs[b], srcs[b]))
         for a in range(i1 + len(pairs), i2):
-            changes.append(f"removed: {_text(old[a])}{_at(old_srcs[a])}")
-    limit = 8
-    lines += ["  " + c for c in changes[:limit]]
-    if len(changes) > limit:
-        lines.append(f"  ... and {len(changes) - limit} more")
-    if follow:
-        lines.append(f"  and {follow} op(s) whose operands changed because of the above")
-    return lines
+            changes.append(("removed", old[a], None, old_srcs[a]))
+    return changes, follow
 
 
 def _at(src) -> str:
     return f" ({src})" if src else ""
 
 
-def _change(o: tuple, n: tuple, src) -> str:
+def _kind(o: tuple, n: tuple) -> str:
     if o[0] != n[0]:
-        return f"op changed{_at(src)}: {_text(o)}  =>  {_text(n)}"
+        return "op"
     if o[3] != n[3]:
-        what = "constant changed" if n[0] == "constant" else "argument changed"
-        return f"{what}{_at(src)}: {n[0]} {o[3]}  =>  {n[3]}"
+        return "constant" if n[0] == "constant" else "argument"
     o_dt = [x.split("[")[0] for x in (o[1] + "," + o[2]).split(",") if "[" in x]
     n_dt = [x.split("[")[0] for x in (n[1] + "," + n[2]).split(",") if "[" in x]
-    what = "dtype changed" if o_dt != n_dt else "shape changed"
-    return f"{what}{_at(src)}: {_text(o)}  =>  {_text(n)}"
+    return "dtype" if o_dt != n_dt else "shape"
+
+
+def _change_text(kind: str, o: Optional[tuple], n: Optional[tuple], src) -> str:
+    if kind == "added":
+        return f"added: {_text(n)}{_at(src)}"
+    if kind == "removed":
+        return f"removed: {_text(o)}{_at(src)}"
+    if kind == "op":
+        return f"op changed{_at(src)}: {_text(o)}  =>  {_text(n)}"
+    if kind in ("constant", "argument"):
+        return f"{kind} changed{_at(src)}: {n[0]} {o[3]}  =>  {n[3]}"
+    return f"{kind} changed{_at(src)}: {_text(o)}  =>  {_text(n)}"
 
 
 # ---- per step metrics analysis and the exit summary -------------------------------------------
@@ -344,8 +424,9 @@ def _change(o: tuple, n: tuple, src) -> str:
 def step() -> None:
     """A full barrier: warns once when compiles or host transfers happen at most steps."""
     _stats["steps"] += 1
+    recompilation.step()
     steps = _stats["steps"]
-    if steps < 5:
+    if steps < 5 or settings.level < 1:
         return
     for name, threshold in (("CompileTime", 0.5), ("TransferFromDeviceTime", 0.9)):
         m = telemetry.metrics.get(name)
@@ -370,6 +451,8 @@ def _summary() -> None:
         m = telemetry.metrics.get(name)
         if m is not None and s["steps"] and m.total_samples > s["steps"]:
             lines.append(f"pt-xla-profiler: {name} too frequent: {m.total_samples} counts during {s['steps']} steps")
+    if recompilation.counts():
+        lines += ["pt-xla-profiler: " + line for line in recompilation.report().rstrip("\n").split("\n")]
     try:
         _emit("\n".join(lines) + "\n")
     except ValueError:

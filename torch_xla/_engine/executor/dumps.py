@@ -8,6 +8,7 @@ from typing import Dict, List
 import torch
 
 from .. import env_vars, ir, pjrt
+from . import ir_debug
 
 
 class _Settings:
@@ -42,20 +43,22 @@ def dtype_text(d) -> str:
     return _DT.get(s, s)
 
 
-def _aval(a) -> str:
+def _aval(a, bounded: tuple = ()) -> str:
     # the type the device holds (bf16 under XLA_USE_BF16, s32 under XLA_USE_32BIT_LONG)
     try:
         dt = pjrt.device_dtype(a[1]).name
     except (TypeError, KeyError):
         dt = a[1]
-    return f"{dtype_text(dt)}[{','.join(map(str, a[0]))}]"
+    dims = [f"<={n}" if d in bounded else str(n) for d, n in enumerate(a[0])]
+    return f"{dtype_text(dt)}[{','.join(dims)}]"
 
 
-def _aval_layout(a) -> str:
-    """`_aval` with the default (row-major) layout, as XLA prints a shape: `f32[2,3]{1,0}`."""
+def _aval_layout(a, bounded: tuple = ()) -> str:
+    """`_aval` with the default (row-major) layout, as XLA prints a shape: `f32[2,3]{1,0}`
+    (a bounded dimension as `<=N`)."""
     rank = len(a[0])
     layout = "{" + ",".join(map(str, range(rank - 1, -1, -1))) + "}" if rank else ""
-    return _aval(a) + layout
+    return _aval(a, bounded) + layout
 
 
 def _node_desc(n, names, consts=None) -> str:
@@ -137,11 +140,14 @@ def ir_text(order: List, roots: List[tuple]) -> str:
         root_ids.setdefault(id(n), i)
     for n in order:
         names[id(n)] = f"%{len(names) + first}"
-        shapes = ", ".join(_aval_layout(a) for a in n.avals if a is not None)
+        marks = ir.BOUNDED.get(n, {})
+        shapes = ", ".join(_aval_layout(a, marks.get(i, ())) for i, a in enumerate(n.avals) if a is not None)
         src = sources.get(n) if sources else None
         loc = f", location={src}" if src else ""
+        scope = ir_debug.scope_of(n)
+        scope = f", scope={scope}" if scope else ""
         root = f", ROOT={root_ids[id(n)]}" if id(n) in root_ids else ""
-        lines.append(f"  {names[id(n)]} = {shapes} {_node_desc(n, names, consts)}{loc}{root}")
+        lines.append(f"  {names[id(n)]} = {shapes} {_node_desc(n, names, consts)}{scope}{loc}{root}")
     lines.append("}")
     return "\n".join(lines) + "\n"
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from .. import ir, pjrt
 from ..lowering import LoweringError, apply, constants as lowering_constants, ctx as lowering_ctx
-from . import composites, manual
+from . import composites, ir_debug, manual
 from .graph import Graph
 
 
@@ -173,6 +173,8 @@ def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False, manua
                 lowering_ctx.node = a
                 try:
                     src = sources.get(a) if sources else None
+                    if ir.DEBUG_INFO:
+                        src = ir_debug.hlo_scope(a, src)
                     if src is not None:
                         with jax.named_scope(src):
                             vals[pos] = lower_node(a, [vals[p][i] for p, i in ops])

@@ -111,6 +111,12 @@ class SymbolicGraph:
             self.items[id(n)] = (args, avals)
             if type(n) is ir.ScalarParam and scalar is not None and type(scalar) is not int:
                 self.scalars[slot_of[id(n)]] = scalar
+        for k, n in enumerate(base.order):
+            if getattr(n, "op", None) in _SLICES:
+                args = self.items.get(id(n), (n.args, n.avals))[0]
+                opened = _open_slice_end(n.op, args, [g.order[k] for g in graphs])
+                if opened is not None:
+                    self.items[id(n)] = (opened, self.items.get(id(n), (None, n.avals))[1])
 
     def fn(self, n_out: int, constants: Dict[int, np.ndarray]):
         """params -> the first `n_out` roots, with the symbolic sizes (constants: slot ->
@@ -146,6 +152,26 @@ class SymbolicGraph:
                                                 f"({type(e).__name__}: {first}); export it with static shapes") from e
             return tuple(vals[id(n)][i] for n, i in g.roots[:n_out])
         return fn
+
+
+# slice op -> position of its `dim` argument (`start`, `end` follow)
+_SLICES = {"aten::slice.Tensor": 1, "aten::slice_copy.Tensor": 1, "aten::slice_scatter": 2}
+
+
+def _open_slice_end(op: str, args: tuple, traced: list):
+    """`args` of a slice with its end as None when it is at or past the sliced size in
+    every trace (`x[:, 0:]` gives end = INT64_MAX): a symbolic size cannot be compared
+    with the integer; None slices to the size, whatever it is."""
+    d = _SLICES[op]
+    if len(args) < d + 3 or type(args[d + 2]) is not int:
+        return None
+    for m in traced:
+        x, i = m.operands[0]
+        shape = x.avals[i][0]
+        dim = m.args[d] if type(m.args[d]) is int else 0
+        if m.args[d + 2] < shape[dim % len(shape)]:
+            return None
+    return args[:d + 2] + (None,) + args[d + 3:]
 
 
 def _monomials(names: List[str]) -> List[tuple]:

@@ -28,7 +28,7 @@ import torch
 from .. import env_vars, executor, ir, telemetry, mode
 from ..lowering import LOWERINGS, load_all
 from ..tensor import make_tensor, state_of, wrap_user
-from . import (grad_scaling, autocast, compiled_ops, decompositions, handwritten as hw, library, mutating, nn_chunked,
+from . import (bounded, grad_scaling, autocast, compiled_ops, decompositions, handwritten as hw, library, mutating, nn_chunked,
                storage, values)
 from .fallback import cpu_fallback, fallback_kernel
 from .op_kernel import KERNELS, OpKernel, freeze
@@ -114,6 +114,8 @@ def register() -> None:
     library.impl("_fft_r2c", hw.k_fft_r2c_autograd, "AutogradPrivateUse1")
     # Quantized CPU tensors reach the device through empty_quantized: refuse by dtype.
     library.impl("empty_quantized", hw.k_empty_quantized, "QuantizedPrivateUse1")
+    if bounded.any_enabled():
+        bounded.register(library, KERNELS, HANDWRITTEN, _timed)
 
 
 def engine_op(name: str, inputs: Sequence[torch.Tensor], statics: tuple,

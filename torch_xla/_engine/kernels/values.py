@@ -85,6 +85,8 @@ def from_cpu(t: torch.Tensor, dtype: Optional[torch.dtype] = None, placement=Non
 def _from_cpu(t, dtype, placement):
     if dtype is not None and dtype != t.dtype:
         t = t.to(dtype)
+    if t.layout != torch.strided:
+        raise RuntimeError(f"{t.layout} tensors are not supported on the xla device: XLA holds dense arrays only")
     if not pjrt.is_supported_dtype(t.dtype):
         raise TypeError(f"dtype {t.dtype} is not supported on the xla device")
     host = pjrt.to_numpy(t)

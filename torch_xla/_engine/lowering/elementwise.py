@@ -7,7 +7,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .table import check_nonzero, ctx, lowering, out_dtype, out_shape
+from ..pjrt import is_complex32
+from .table import check_nonzero, ctx, lowering, out_dtype, out_shape, round_complex32
 
 
 def _is_one(v):
@@ -21,19 +22,27 @@ def _is_float(x):
 
 # ---- arithmetic -----------------------------------------------------------------------
 
+def _scaled(y, alpha):
+    """alpha * y, rounded for complex32, whose CPU kernels round every complex operation."""
+    if _is_one(alpha):
+        return y
+    y = y * alpha
+    return round_complex32(y) if is_complex32(out_dtype()) else y
+
+
 @lowering("aten::add.Tensor", "aten::add.Scalar", promote=True)
 def add(x, y, alpha=1):
-    return x + (y if _is_one(alpha) else y * alpha)
+    return x + _scaled(y, alpha)
 
 
 @lowering("aten::sub.Tensor", "aten::sub.Scalar", promote=True)
 def sub(x, y, alpha=1):
-    return x - (y if _is_one(alpha) else y * alpha)
+    return x - _scaled(y, alpha)
 
 
 @lowering("aten::rsub.Tensor", "aten::rsub.Scalar", promote=True)
 def rsub(x, y, alpha=1):
-    return y - (x if _is_one(alpha) else x * alpha)
+    return y - _scaled(x, alpha)
 
 
 @lowering("aten::mul.Tensor", "aten::mul.Scalar", promote=True)
@@ -47,6 +56,7 @@ def _div(x, y, rounding_mode=None):
     if rounding_mode == "trunc":
         if _is_float(x):
             return jnp.trunc(x / y)
+        x, y = jnp.broadcast_arrays(x, y)  # lax ops do not broadcast
         return lax.div(x, y)
     if rounding_mode == "floor":
         if _is_float(x):
@@ -177,7 +187,7 @@ def sgn(x):
 
 @lowering("aten::complex")
 def complex_(real, imag):
-    return lax.complex(real, imag)
+    return lax.complex(*jnp.broadcast_arrays(real, imag))
 
 
 @lowering("aten::polar")

@@ -122,6 +122,8 @@ def view_as_real(x):
 
 @lowering("aten::view_as_complex", "aten::view_as_complex_copy")
 def view_as_complex(x):
+    if x.dtype == jnp.float16:  # to complex32, held as complex64
+        x = x.astype(jnp.float32)
     return lax.complex(x[..., 0], x[..., 1])
 
 

@@ -20,16 +20,40 @@ def view(x, *args):
     return jnp.reshape(x, out_shape())
 
 
+_PART = {torch.complex32: np.float16, torch.complex64: np.float32, torch.complex128: np.float64}
+
+
 @lowering("aten::view.dtype", "aten::view_copy.dtype")
 def view_dtype(x, dtype):
-    want = np.dtype(out_dtype())
-    if x.dtype.itemsize == want.itemsize:
-        return lax.bitcast_convert_type(x, want)
-    if x.dtype.itemsize > want.itemsize:  # split each element into several
-        y = lax.bitcast_convert_type(x, want)
-        return jnp.reshape(y, out_shape())
-    k = want.itemsize // x.dtype.itemsize
-    return lax.bitcast_convert_type(jnp.reshape(x, x.shape[:-1] + (x.shape[-1] // k, k)), want)
+    shape = tuple(out_shape())
+    # Complex values are viewed through their (real, imag) parts, bool through uint8: XLA
+    # bitcasts neither. complex32 is held as complex64; only its sizes fit 4-byte elements.
+    if jnp.iscomplexobj(x):
+        c32 = x.dtype == np.complex64 and (shape[-1] * dtype.itemsize == x.shape[-1] * 4 if x.ndim
+                                          else dtype.itemsize == 4)
+        part = np.float16 if c32 else np.float32 if x.dtype == np.complex64 else np.float64
+        x = jnp.stack([jnp.real(x).astype(part), jnp.imag(x).astype(part)], axis=-1)
+        x = jnp.reshape(x, x.shape[:-2] + (-1,)) if x.ndim > 1 else x
+    elif x.dtype == np.bool_:
+        x = x.astype(np.uint8)
+    if dtype.is_complex:
+        part = _PART[dtype]
+        y = _view_bits(x, np.dtype(part), shape[:-1] + (shape[-1] * 2,) if shape else (2,))
+        y = jnp.reshape(y, shape + (2,))
+        if part is np.float16:
+            y = y.astype(np.float32)
+        return lax.complex(y[..., 0], y[..., 1])
+    if dtype == torch.bool:
+        return _view_bits(x, np.dtype(np.uint8), shape) != 0
+    return _view_bits(x, np.dtype(out_dtype()), shape)
+
+
+def _view_bits(x, want, shape):
+    """The bytes of real array `x` as elements of `want`, in `shape`."""
+    if x.dtype.itemsize < want.itemsize:  # several elements make one
+        k = want.itemsize // x.dtype.itemsize
+        x = jnp.reshape(x, x.shape[:-1] + (x.shape[-1] // k, k))
+    return jnp.reshape(lax.bitcast_convert_type(x, want), shape)
 
 
 @lowering("aten::permute", "aten::permute_copy")

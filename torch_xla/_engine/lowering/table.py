@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from typing import Callable, Dict, Iterable, Optional, Sequence
 
+from ..pjrt import is_complex32
+
 
 class Lowering:
     __slots__ = ("name", "fn", "promote", "static", "meta", "random", "alias", "checked")
@@ -192,7 +194,13 @@ def apply(low: Lowering, args: tuple, out_avals: Sequence[Optional[tuple]], comp
         args = args[:-2] + (rng_key(args[-2], args[-1]),)
     if low.promote and compute_dtype is not None:
         args = _cast_arrays(args, compute_dtype)
+        if is_complex32(compute_dtype):  # scalars too are complex32 values in PyTorch's kernels
+            args = _map_arrays(args, round_complex32)
     ctx.out = tuple(out_avals)
+    if "::" not in low.name and out_avals and all(a is None or 0 in a[0] for a in out_avals):
+        # Only empty results: nothing to compute (as on the CPU), and reductions over an
+        # empty axis would have no identity to trace with.
+        return tuple(None if a is None else jnp.zeros(a[0], a[1]) for a in out_avals)
     out = low.fn(*args)
     out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
     if len(out) != len(out_avals):
@@ -206,11 +214,30 @@ def apply(low: Lowering, args: tuple, out_avals: Sequence[Optional[tuple]], comp
         o = jnp.asarray(o)
         if o.dtype != dtype:
             o = o.astype(dtype)
+        if is_complex32(dtype):
+            o = round_complex32(o)
         if tuple(o.shape) != tuple(shape):
             raise LoweringError(
                 f"lowering of {low.name} produced shape {tuple(o.shape)}, expected {tuple(shape)}")
         res.append(o)
     return tuple(res)
+
+
+def round_complex32(o):
+    """A complex64 value rounded to complex32 (float16 parts), as PyTorch stores each
+    complex32 result."""
+    import jax
+    import jax.numpy as jnp
+    re = jnp.real(o).astype(jnp.float16).astype(jnp.float32)
+    im = jnp.imag(o).astype(jnp.float16).astype(jnp.float32)
+    return jax.lax.complex(re, im)
+
+
+def _map_arrays(a, fn):
+    t = type(a)
+    if t is tuple or t is list:
+        return t(_map_arrays(x, fn) for x in a)
+    return fn(a) if hasattr(a, "dtype") and hasattr(a, "shape") else a
 
 
 def _cast_arrays(a, dtype):

@@ -50,7 +50,11 @@ def compiler_options(ops: Iterable[Tuple[str, tuple]]) -> dict:
     (batched matrix products with large outputs) slower, while they speed up convolution
     networks: such programs compile without them. With AVX-512 they are faster for both
     and every program keeps them. XLA_FLAGS naming the option decides alone. Figures:
-    BENCHMARKS.md, "What moved the figures", the YNNPACK entries."""
+    BENCHMARKS.md, "What moved the figures", the YNNPACK entries.
+
+    XLA's other library paths stay off: in jaxlib 0.10.2 the XNNPACK options compile the
+    same code, and oneDNN fusions (which need YNNPACK's off) made MNIST's step slower and
+    abort the process on the decoder's program (BENCHMARKS.md, issue 35)."""
     if _YNN_OPTION in (env_vars.get("XLA_FLAGS") or ""):
         return {}
     if "avx512f" in host_cpu_flags():

@@ -1,0 +1,98 @@
+"""First loss of a fresh process, A/B of environment settings (first-step levers).
+
+    PJRT_DEVICE=CPU python bench/bench_first_loss.py [--models mnist,decoder] [--rounds 4]
+        [--variants '{"dynamo_at_step": {"PT_XLA_LAZY_OPTIMIZER_DYNAMO": "0"}}'] [--quick]
+
+Each round launches one fresh process per side (`default`, then each variant, the order
+rotating from round to round). A process imports torch and torch_xla only, as a training
+script does (nothing imports torch._dynamo for it), then times from the end of the imports:
+building the model on the device, the first training step up to its loss on the host, and
+the second step. Reports medians over rounds: imports, first loss after the imports, launch
+to first loss, second step, whether torch._dynamo was imported by the end, and whether the
+two losses equal the default's bit for bit. The load average is printed before and after.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+COLUMNS = [("imports_s", "imports s"), ("first_loss_s", "first loss after imports s"),
+           ("launch_s", "launch to first loss s"), ("second_s", "second step s")]
+
+
+def worker(args) -> None:
+    t_launch = common.process_start_time()
+    import torch  # noqa: F401
+    import torch_xla  # noqa: F401
+    import torch_xla.core.xla_model  # noqa: F401
+    t_ready = time.time()
+    import models_torch
+    common.set_threads()
+    wa = common.parse_worker_args(args)
+    wl = models_torch.workload(wa["model"], quick=args.quick)
+    step = common.xla_training_step(wl)
+    first = step().item()
+    t_first = time.time()
+    second = step().item()
+    t_second = time.time()
+    common.emit({"imports_s": t_ready - t_launch, "first_loss_s": t_first - t_ready,
+                 "launch_s": t_first - t_launch, "second_s": t_second - t_first,
+                 "losses": [first, second], "dynamo": "torch._dynamo" in sys.modules})
+
+
+def _load() -> str:
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def main(argv=None):
+    p = common.base_parser(__doc__.splitlines()[0])
+    p.add_argument("--models", default="mnist,decoder")
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--variants", default='{"dynamo_at_step": {"PT_XLA_LAZY_OPTIMIZER_DYNAMO": "0"}}',
+                   help="JSON: name -> environment added to the process")
+    args = p.parse_args(argv)
+    if args.worker:
+        return worker(args)
+    args.original_venv = None
+    variants = dict({"default": {}}, **json.loads(args.variants))
+    sides = list(variants)
+    print(f"`{common.command_line()}`\n")
+    for name in args.models.split(","):
+        runs = {s: [] for s in sides}
+        load0, t0 = _load(), time.time()
+        for r in range(args.rounds):
+            for s in sides[r % len(sides):] + sides[:r % len(sides)]:
+                res = common.run_worker(__file__, "xla", args, {"model": name},
+                                        extra_env=variants[s] or None)
+                if res.get("error"):
+                    sys.exit(f"{name} {s}: {res['error']}")
+                print(f"[first_loss {name}] round {r + 1} {s}: {res['first_loss_s']:.2f} s",
+                      file=sys.stderr, flush=True)
+                runs[s].append(res)
+        print(f"### {name}{' (quick sizes)' if args.quick else ''}\n\n"
+              f"{time.strftime('%Y-%m-%d %H:%M')}, {args.rounds} rounds, {time.time() - t0:.0f} s; "
+              f"load average {load0} before, {_load()} after\n")
+        head = ["side"] + [h for _, h in COLUMNS] + ["first loss / default's", "torch._dynamo imported",
+                                                     "losses = default's"]
+        print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+        base = common.median([x["first_loss_s"] for x in runs["default"]])
+        ref = {json.dumps(x["losses"]) for x in runs["default"]}
+        for s in sides:
+            med = {k: common.median([x[k] for x in runs[s]]) for k, _ in COLUMNS}
+            same = {json.dumps(x["losses"]) for x in runs[s]} == ref and len(ref) == 1
+            row = [s] + [f"{med[k]:.2f} ({min(x[k] for x in runs[s]):.2f}-{max(x[k] for x in runs[s]):.2f})"
+                         for k, _ in COLUMNS]
+            row += [f"{med['first_loss_s'] / base:.2f}",
+                    "/".join(sorted({'yes' if x['dynamo'] else 'no' for x in runs[s]})),
+                    "yes" if same else "NO"]
+            print("| " + " | ".join(row) + " |")
+        print(flush=True)
+
+
+if __name__ == "__main__":
+    main()
