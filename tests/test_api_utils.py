@@ -844,6 +844,7 @@ print(repr((losses, met.counter_value("PersistentExecutableHit") or 0, met.count
 '''
 
 
+@pytest.mark.slow
 def test_persistent_cache_second_process_loads_executables(tmp_path):
     """A second process with the same cache directory compiles nothing and trains the same."""
     import ast

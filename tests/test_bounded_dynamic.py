@@ -36,6 +36,15 @@ def _nms_cpu(boxes, scores, thr):
     return keep
 
 
+def _train_weight() -> torch.Tensor:
+    return torch.linspace(-1, 1, 48).view(6, 8)
+
+
+def _train_batches():
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(6, 8, generator=g), torch.rand(6, 8, generator=g) > p) for p in (0.2, 0.5, 0.35, 0.8)]
+
+
 def _child() -> dict:
     """The device side, with the switch on: observations as JSON-able values."""
     import torch_xla
@@ -146,6 +155,21 @@ def _child() -> dict:
                    "reads": met.counter_value("BoundedSizeRead"),
                    "masked_select_shape": shape(torch.masked_select(vd, (v > 60).to(dev)))}
     out["masked_select_values"] = torch.masked_select(vd.view(8, 8), (v.view(8, 8) > 50).to(dev)).cpu().tolist()
+
+    # training through masked_select: mean's backward divides by the dynamic count, the
+    # gradient is a masked_scatter of the padded source; one program after the first step
+    w = _train_weight().to(dev).requires_grad_(True)
+    losses, compiles = [], []
+    met.clear_all()
+    for x_, m_ in _train_batches():
+        loss = torch.masked_select(w * x_.to(dev), m_.to(dev)).pow(2).mean()
+        loss.backward()
+        xm.mark_step()
+        losses.append(loss.item())
+        compiles.append(met.metric_data("CompileTime")[0])
+    out["train"] = {"losses": losses, "grad": w.grad.cpu().tolist(), "compiles": compiles,
+                    "reads": met.counter_value("BoundedSizeRead"),
+                    "fallbacks": [k for k in met.counter_names() if k.startswith("bounded::")]}
 
     boxes = torch.tensor([[0, 0, 10, 10], [1, 1, 11, 11], [20, 20, 30, 30], [0, 0, 9, 9], [21, 21, 29, 29]],
                          dtype=torch.float32)
@@ -265,6 +289,21 @@ def test_varying_sizes_compile_once(seen):
     assert got["reads"] is None
     assert got["masked_select_shape"] == [["<=64"], ["SymInt"]]
     assert seen["masked_select_values"] == torch.masked_select(v.view(8, 8), v.view(8, 8) > 50).tolist()
+
+
+def test_training_through_masked_select(seen):
+    w = _train_weight().requires_grad_(True)
+    losses = []
+    for x_, m_ in _train_batches():
+        loss = torch.masked_select(w * x_, m_).pow(2).mean()
+        loss.backward()
+        losses.append(loss.item())
+    got = seen["train"]
+    assert got["losses"] == pytest.approx(losses, rel=1e-5)
+    torch.testing.assert_close(torch.tensor(got["grad"]), w.grad)
+    # step 1 makes the gradient, the later steps accumulate into it: two programs for four masks
+    assert got["compiles"] == [1, 2, 2, 2]
+    assert got["reads"] is None and got["fallbacks"] == []
 
 
 def test_nms(seen):

@@ -140,7 +140,7 @@ def test_mlp_inference_dynamic_one_trace_one_program_per_size():
 
 @pytest.mark.parametrize("cls,shapes", [
     (MLP, [(4, 12), (7, 12), (2, 12), (7, 12)]),
-    (Attention, [(2, 5, 16), (3, 7, 16), (4, 3, 16), (3, 7, 16)]),
+    pytest.param(Attention, [(2, 5, 16), (3, 7, 16), (4, 3, 16), (3, 7, 16)], marks=pytest.mark.slow),
 ], ids=["mlp", "attention"])
 def test_training_dynamic_values_grads_and_caching(cls, shapes):
     cpu, dev = _pair(cls)

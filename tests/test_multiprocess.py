@@ -174,6 +174,7 @@ def test_dist_env_init_method_explicit_rank():
 
 # ---- training ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_training_matches_single_process():
     """xm.optimizer_step and DDP, 2 processes x 8 samples == 1 process x 16 samples (CPU)."""
     steps, batch = 4, 16

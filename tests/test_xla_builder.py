@@ -117,7 +117,8 @@ def test_dlpack_round_trip(dev):
     torch.testing.assert_close(y.cpu(), a)
 
 
-@pytest.mark.parametrize("bias,batch_first", [(True, True), pytest.param(False, False, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("bias,batch_first", [pytest.param(True, True, marks=pytest.mark.slow),
+                                             pytest.param(False, False, marks=pytest.mark.slow)])
 def test_gru_matches_cpu(dev, bias, batch_first):
     torch.manual_seed(0)
     ref = nn.GRU._orig(5, 7, num_layers=2, bias=bias, batch_first=batch_first)

@@ -151,11 +151,24 @@ def _is1(v) -> bool:
     return not isinstance(v, SizeNode) and v == 1
 
 
+def _operand(a):
+    """`plain(a)`; a dynamic size as a scalar operand (`grad / numel` in mean's backward) is its
+    device value (a 0-d tensor), so dividing by it reads nothing."""
+    if isinstance(a, torch.SymInt) and isinstance(a.node, SizeNode):
+        return a.node.tensor() if a.node.v is not None else a.node.const
+    return plain(a)
+
+
 def _pointwise(func, args, kwargs):
     tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor) and a.dim() > 0
                and a.device.type == "xla"]
     sizes = _broadcast([sizes_of(t) for t in tensors])
-    out = func(*_tree_map(plain, args), **{k: _tree_map(plain, v) for k, v in kwargs.items()})
+    if any(isinstance(a, torch.SymInt) for a in args) and func.overloadpacket is not None:
+        # a Scalar overload cannot take the device value: its Tensor overload can
+        tensor_op = getattr(func.overloadpacket, "Tensor", None)
+        if tensor_op is not None and func._overloadname == "Scalar":
+            func = tensor_op
+    out = func(*_tree_map(_operand, args), **{k: _tree_map(_operand, v) for k, v in kwargs.items()})
     return _tree_map(lambda o: bounded(o, sizes) if isinstance(o, torch.Tensor) and o.dim() == len(sizes) else o,
                      out)
 
@@ -369,6 +382,17 @@ def mask(x: torch.Tensor, fill) -> torch.Tensor:
     return make_tensor(node, 0, s.shape, s.dtype)
 
 
+def _masked_scatter(func, args, kwargs):
+    """`masked_scatter(self, mask, source)` (masked_select's gradient) with a dynamic source:
+    the op reads as many source elements as the mask holds, which a source made by
+    `masked_select` of that mask has in its real prefix; the padded value serves as it is
+    (static self and mask are used as they are; dynamic ones are read)."""
+    x, m, src = args[0], args[1], args[2]
+    if type(x) is BoundedTensor or type(m) is BoundedTensor:
+        return _static_fallback(func, args, kwargs)
+    return func(x, m, plain(src), **kwargs)
+
+
 def _reduce_all(func, args, kwargs):
     """The overloads over every dimension (`x.sum()`, `x.mean()`, `x.max()`, `x.min()`)."""
     target = {"sum": aten.sum.dim_IntList, "mean": aten.mean.dim, "max": aten.amax.default,
@@ -409,6 +433,7 @@ HANDLERS: Dict = {
     aten.slice_copy.Tensor: _static_dim,
     aten.unbind.int: _static_dim,
     aten.unbind_copy.int: _static_dim,
+    aten.masked_scatter.default: _masked_scatter,
     aten.sum.dim_IntList: _reduce,
     aten.sum.default: _reduce_all,
     aten.mean.default: _reduce_all,
