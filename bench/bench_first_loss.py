@@ -45,10 +45,6 @@ def worker(args) -> None:
                  "losses": [first, second], "dynamo": "torch._dynamo" in sys.modules})
 
 
-def _load() -> str:
-    return "/".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 def main(argv=None):
     p = common.base_parser(__doc__.splitlines()[0])
     p.add_argument("--models", default="mnist,decoder")
@@ -64,7 +60,7 @@ def main(argv=None):
     print(f"`{common.command_line()}`\n")
     for name in args.models.split(","):
         runs = {s: [] for s in sides}
-        load0, t0 = _load(), time.time()
+        load0, t0 = common.load_average(), time.time()
         for r in range(args.rounds):
             for s in sides[r % len(sides):] + sides[:r % len(sides)]:
                 res = common.run_worker(__file__, "xla", args, {"model": name},
@@ -76,7 +72,7 @@ def main(argv=None):
                 runs[s].append(res)
         print(f"### {name}{' (quick sizes)' if args.quick else ''}\n\n"
               f"{time.strftime('%Y-%m-%d %H:%M')}, {args.rounds} rounds, {time.time() - t0:.0f} s; "
-              f"load average {load0} before, {_load()} after\n")
+              f"load average {load0} before, {common.load_average()} after\n")
         head = ["side"] + [h for _, h in COLUMNS] + ["first loss / default's", "torch._dynamo imported",
                                                      "losses = default's"]
         print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))

@@ -86,13 +86,9 @@ def run_worker_main(args) -> None:
     common.emit(r)
 
 
-def _load() -> str:
-    return "/".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 def measure(name: str, contenders: list, variants: dict, args) -> str:
     runs = {c: [] for c in contenders}
-    load0 = _load()
+    load0 = common.load_average()
     t0 = time.time()
     for r in range(args.rounds):
         order = contenders[r % len(contenders):] + contenders[:r % len(contenders)]
@@ -105,7 +101,7 @@ def measure(name: str, contenders: list, variants: dict, args) -> str:
                   f"{' ERROR ' + res['error'] if res.get('error') else ''}",
                   file=sys.stderr, flush=True)
             runs[c].append(res)
-    load1 = _load()
+    load1 = common.load_average()
     med = {c: common.median([x["samples_s"] for x in runs[c] if x.get("samples_s")])
            for c in contenders}
     refs = [c for c in ("eager", "inductor") if c in contenders]

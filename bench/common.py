@@ -51,6 +51,11 @@ def now() -> float:
     return time.perf_counter()
 
 
+def load_average() -> str:
+    """The machine's 1/5/15-minute load averages, as printed beside each figure."""
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def median(xs):
     return statistics.median(xs) if xs else float("nan")
 

@@ -189,9 +189,10 @@ class CompiledGraph:
         if entry is _LAZY:
             with mode.lazy_scope():
                 return self.graph_module(*args)
-        program = entry
         flat = [a for a in args if isinstance(a, torch.Tensor)]   # a graph's inputs are flat
-        states = [state_of(t) for t in flat]
+        return self._run_cached(entry, key, args, flat, [state_of(t) for t in flat])
+
+    def _run_cached(self, program, key: tuple, args: Sequence[Any], flat: list, states: list) -> Any:
         _check_inputs(states)
         try:
             return _run(program, flat, states)
@@ -253,23 +254,9 @@ class OneProgramGraph(CompiledGraph):
     by structure: later steps reuse it). Programs that need their own strategy (SPMD,
     collectives) and calls in eager mode run at once as `CompiledGraph` does."""
 
-    def __call__(self, *args: Any) -> Any:
-        args = self._on_device(args)
-        key = _signature(args)
-        program = self.programs.get(key)
-        if program is None:
-            return self._first_call(key, args)
-        if program is _LAZY:
-            with mode.lazy_scope():
-                return self.graph_module(*args)
-        flat = [a for a in args if isinstance(a, torch.Tensor)]
-        states = [state_of(t) for t in flat]
+    def _run_cached(self, program, key: tuple, args: Sequence[Any], flat: list, states: list) -> Any:
         if mode.modes.eager or not program.appliable():
-            _check_inputs(states)
-            try:
-                return _run(program, flat, states)
-            except _capture.LayoutChanged:
-                return self._new_layout(key, args, states)
+            return super()._run_cached(program, key, args, flat, states)
         return program.outputs(program.apply(flat, states))
 
     def _run_first(self, program, flat: list) -> Any:

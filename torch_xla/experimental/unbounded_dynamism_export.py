@@ -120,6 +120,25 @@ def _replace_items(graph: Graph, node: Node, outputs: Sequence[Optional[Node]]) 
             graph.erase_node(user)
 
 
+def _normalized(g: Graph, x: Node, dims: List[int], eps: float) -> Tuple[Node, Node, Node]:
+    """(x - mean) * rsqrt(var + eps) over `dims` (kept), with the mean and the rsqrt."""
+    mean = _emit(g, aten.mean.dim, (x, dims, True))
+    var = _emit(g, aten.var.correction, (x, dims), {"correction": 0, "keepdim": True})
+    rstd = _emit(g, aten.rsqrt.default, (_emit(g, aten.add.Tensor, (var, eps)),))
+    return _emit(g, aten.mul.Tensor, (_emit(g, aten.sub.Tensor, (x, mean)), rstd)), mean, rstd
+
+
+def _replace_norm(g: Graph, n: Node, single_output, outputs: Sequence[Optional[Node]]) -> None:
+    """`n` replaced by `outputs[0]` when its target is `single_output` (the one-result op),
+    else its items by `outputs`; erased when nothing uses it any more."""
+    if n.target is single_output:
+        n.replace_all_uses_with(outputs[0])
+    else:
+        _replace_items(g, n, outputs)
+    if not n.users:
+        g.erase_node(n)
+
+
 def decompose_dynamic_native_layer_norm(gm: GraphModule) -> None:
     """`aten.native_layer_norm` (and `aten.layer_norm`) of an input with a dynamic size ->
     mean, var, rsqrt and elementwise ops (its three outputs: the result, the mean and the
@@ -133,20 +152,12 @@ def decompose_dynamic_native_layer_norm(gm: GraphModule) -> None:
             continue
         dims = list(range(-len(normalized), 0))
         with g.inserting_before(n):
-            mean = _emit(g, aten.mean.dim, (x, dims, True))
-            var = _emit(g, aten.var.correction, (x, dims), {"correction": 0, "keepdim": True})
-            rstd = _emit(g, aten.rsqrt.default, (_emit(g, aten.add.Tensor, (var, eps)),))
-            out = _emit(g, aten.mul.Tensor, (_emit(g, aten.sub.Tensor, (x, mean)), rstd))
+            out, mean, rstd = _normalized(g, x, dims, eps)
             if weight is not None:
                 out = _emit(g, aten.mul.Tensor, (out, weight))
             if bias is not None:
                 out = _emit(g, aten.add.Tensor, (out, bias))
-        if n.target is aten.layer_norm.default:
-            n.replace_all_uses_with(out)
-        else:
-            _replace_items(g, n, (out, mean, rstd))
-        if not n.users:
-            g.erase_node(n)
+        _replace_norm(g, n, aten.layer_norm.default, (out, mean, rstd))
 
 
 def decompose_dynamic_native_group_norm(gm: GraphModule) -> None:
@@ -166,25 +177,17 @@ def decompose_dynamic_native_group_norm(gm: GraphModule) -> None:
         with g.inserting_before(n):
             batch = _emit(g, aten.sym_size.int, (x, 0))
             xg = _emit(g, aten.view.default, (x, [batch, group, per_group]))
-            mean = _emit(g, aten.mean.dim, (xg, [-1], True))
-            var = _emit(g, aten.var.correction, (xg, [-1]), {"correction": 0, "keepdim": True})
-            rstd = _emit(g, aten.rsqrt.default, (_emit(g, aten.add.Tensor, (var, eps)),))
-            normed = _emit(g, aten.mul.Tensor, (_emit(g, aten.sub.Tensor, (xg, mean)), rstd))
+            normed, mean, rstd = _normalized(g, xg, [-1], eps)
             out = _emit(g, aten.view.default, (normed, [batch] + list(shape[1:])))
             affine = [c] + [1] * (len(shape) - 2)
             if weight is not None:
                 out = _emit(g, aten.mul.Tensor, (out, _emit(g, aten.view.default, (weight, affine))))
             if bias is not None:
                 out = _emit(g, aten.add.Tensor, (out, _emit(g, aten.view.default, (bias, affine))))
+            stats = (None, None)
             if n.target is aten.native_group_norm.default:
-                mean2 = _emit(g, aten.view.default, (mean, [batch, group]))
-                rstd2 = _emit(g, aten.view.default, (rstd, [batch, group]))
-        if n.target is aten.group_norm.default:
-            n.replace_all_uses_with(out)
-        else:
-            _replace_items(g, n, (out, mean2, rstd2))
-        if not n.users:
-            g.erase_node(n)
+                stats = tuple(_emit(g, aten.view.default, (v, [batch, group])) for v in (mean, rstd))
+        _replace_norm(g, n, aten.group_norm.default, (out,) + stats)
 
 
 # -- select, split, slices, embedding, unsqueeze -------------------------------------------

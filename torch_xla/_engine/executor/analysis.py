@@ -137,13 +137,25 @@ def _frames() -> List[str]:
     return out
 
 
-def _user_line() -> str:
-    """The first frame outside torch_xla and torch: `file:line: source`."""
+def _user_frame():
+    """The first frame outside torch_xla and torch (None if there is none)."""
     import torch
     skip = (os.path.dirname(_ENGINE_DIR), os.path.dirname(torch.__file__), _SKIP[1])
-    f = sys._getframe(2)
+    f = sys._getframe(1)
     while f is not None and f.f_code.co_filename.startswith(skip):
         f = f.f_back
+    return f
+
+
+def _site() -> str:
+    """`file:line` of the user code that ran this barrier."""
+    f = _user_frame()
+    return "?" if f is None else f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
+
+
+def _user_line() -> str:
+    """`file:line: source` of the user code that ran this barrier."""
+    f = _user_frame()
     if f is None:
         return "?"
     src = linecache.getline(f.f_code.co_filename, f.f_lineno).strip()
@@ -229,7 +241,7 @@ def _explain(graph, text: str, descs: list, site: str) -> Optional[dict]:
     cut = None
     if text.startswith(HOST_READ):
         kind, op = recompilation.cut_kind()
-        cut = (kind, op, _user_line().split(": ", 1)[0])
+        cut = (kind, op, site)
     same = [h for h in _history if h[4] == site and h[0] != graph.key]
     if cut is None and not same:
         return None
@@ -240,16 +252,6 @@ def _explain(graph, text: str, descs: list, site: str) -> Optional[dict]:
         changes = [(k, o, n) for k, o, n, _ in _diff(closest[2], descs, [None] * len(descs), closest[3])[0]]
     cause, detail = recompilation.classify(changes, cut)
     return recompilation.record(cause, detail, graph_hash(graph.key), closest and graph_hash(closest[0]), site)
-
-
-def _site() -> str:
-    """`file:line` of the user code that ran this barrier."""
-    import torch
-    skip = (os.path.dirname(_ENGINE_DIR), os.path.dirname(torch.__file__), _SKIP[1])
-    f = sys._getframe(1)
-    while f is not None and f.f_code.co_filename.startswith(skip):
-        f = f.f_back
-    return "?" if f is None else f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
 
 
 def executed(graph, default: str, eager: bool = False, dynamo: bool = False) -> None:

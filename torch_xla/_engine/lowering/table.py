@@ -194,8 +194,6 @@ def apply(low: Lowering, args: tuple, out_avals: Sequence[Optional[tuple]], comp
         args = args[:-2] + (rng_key(args[-2], args[-1]),)
     if low.promote and compute_dtype is not None:
         args = _cast_arrays(args, compute_dtype)
-        if is_complex32(compute_dtype):  # scalars too are complex32 values in PyTorch's kernels
-            args = _map_arrays(args, round_complex32)
     ctx.out = tuple(out_avals)
     if "::" not in low.name and out_avals and all(a is None or 0 in a[0] for a in out_avals):
         # Only empty results: nothing to compute (as on the CPU), and reductions over an
@@ -241,9 +239,11 @@ def _map_arrays(a, fn):
 
 
 def _cast_arrays(a, dtype):
-    t = type(a)
-    if t is tuple or t is list:
-        return t(_cast_arrays(x, dtype) for x in a)
-    if hasattr(a, "dtype") and hasattr(a, "shape"):
-        return a if a.dtype == dtype else a.astype(dtype)
-    return a
+    """The arrays of `a` (nested tuples / lists) cast to the computation dtype; complex32
+    operands, scalars too, rounded to complex32 values, as in PyTorch's kernels."""
+    c32 = is_complex32(dtype)
+
+    def cast(x):
+        x = x if x.dtype == dtype else x.astype(dtype)
+        return round_complex32(x) if c32 else x
+    return _map_arrays(a, cast)
