@@ -1,5 +1,5 @@
-"""A training step through torch.compile(backend='openxla'): one XLA program per graph
-(today's default) vs the whole step as one program (XLA_DYNAMO_ONE_PROGRAM=1).
+"""A training step through torch.compile(backend='openxla'): the whole step as one XLA
+program (the default) vs one program per graph (XLA_DYNAMO_ONE_PROGRAM=0).
 
     PJRT_DEVICE=CPU python bench/bench_dynamo_step.py [--quick] [--models mnist,decoder]
                                                       [--steps N] [--rounds N]
@@ -27,7 +27,7 @@ import common  # noqa: E402
 
 WARMUP = 3
 MODES = ("split", "one_program")
-LABELS = {"split": "one program per graph (default)", "one_program": "XLA_DYNAMO_ONE_PROGRAM=1",
+LABELS = {"split": "one program per graph (XLA_DYNAMO_ONE_PROGRAM=0)", "one_program": "one program per step (default)",
           "original": "torch_xla 2.9 openxla (original)"}
 COLUMNS = [("programs_per_step", "programs/step"), ("host_ms", "host ms/step"), ("step_ms", "step ms"),
            ("samples_s", "samples/s"), ("compiles_after_warmup", "compiles after warm-up"),

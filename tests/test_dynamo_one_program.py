@@ -1,6 +1,8 @@
-"""XLA_DYNAMO_ONE_PROGRAM=1: a torch.compile(backend='openxla') graph is one pending IR node,
-so a training step (forward graph, backward graph, optimizer) runs as one XLA program.
-Every result is compared with eager PyTorch on the CPU."""
+"""One program per training step under torch.compile(backend='openxla') (the default;
+XLA_DYNAMO_ONE_PROGRAM=0 switches back): the forward and backward graphs are pending IR
+nodes, so a training step (forward graph, backward graph, optimizer) runs as one XLA
+program. Other graphs run at once when their inputs are computed. Every result is compared with eager PyTorch on the
+CPU."""
 from __future__ import annotations
 
 import copy
@@ -40,12 +42,72 @@ def _pair(model_cls, *a, **k):
     return cpu, copy.deepcopy(cpu).to(XLA)
 
 
-def test_bridge_picks_the_mode_from_the_variable(monkeypatch):
-    gm = torch.fx.symbolic_trace(lambda x: x + 1)
-    assert type(dynamo_bridge.extract_compiled_graph(gm, [])) is dynamo_bridge.OneProgramGraph
+def _graph(*names):
+    g = torch.fx.Graph()
+    out = None
+    for n in names:
+        p = g.placeholder(n)
+        out = p if out is None else g.call_function(torch.add, (out, p))
+    g.output(out)
+    return torch.fx.GraphModule(torch.nn.Module(), g)
+
+
+def test_bridge_picks_the_mode_from_the_graph_and_the_variable(monkeypatch):
+    fwd, bwd, inference = _graph("primals_1", "primals_2"), _graph("primals_1", "tangents_1"), _graph("arg0_1")
+    assert type(dynamo_bridge.extract_compiled_graph(fwd, [])) is dynamo_bridge.OneProgramGraph
+    assert dynamo_bridge.extract_compiled_graph(bwd, []).kind == "backward"
+    assert dynamo_bridge.extract_compiled_graph(inference, []).kind == ""
+    monkeypatch.delenv("XLA_DYNAMO_ONE_PROGRAM")
+    env_vars.reload()
+    assert type(dynamo_bridge.extract_compiled_graph(fwd, [])) is dynamo_bridge.OneProgramGraph   # the default
     monkeypatch.setenv("XLA_DYNAMO_ONE_PROGRAM", "0")
     env_vars.reload()
-    assert type(dynamo_bridge.extract_compiled_graph(gm, [])) is dynamo_bridge.CompiledGraph
+    assert type(dynamo_bridge.extract_compiled_graph(fwd, [])) is dynamo_bridge.CompiledGraph
+
+
+def test_inference_graph_runs_at_once():
+    torch.manual_seed(0)
+    cpu = torch.nn.Linear(8, 4)
+    dev = copy.deepcopy(cpu).to(XLA)
+    cdev = torch.compile(dev, backend="openxla")
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        for _ in range(2):
+            runs = _runs()
+            out = cdev(x.to(XLA))
+            assert _runs() - runs >= 1        # ran before any barrier or host read
+            assert_same(out, cpu(x), rtol=1e-5, atol=1e-6)
+
+
+def test_steps_without_barrier_run_one_step_at_a_time():
+    """A loop of compiled training steps with no torch_xla.sync(): each forward called on
+    the previous step's pending parameters first runs that step as one program, so the
+    lazy graph never chains steps and nothing recompiles once warm."""
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    dev = copy.deepcopy(cpu).to(XLA)
+    opt_c = torch.optim.SGD(cpu.parameters(), lr=0.1)
+    opt_d = torch.optim.SGD(dev.parameters(), lr=0.1)
+    cdev = torch.compile(dev, backend="openxla")
+    x, y = torch.randn(32, 8), torch.randint(0, 4, (32,))
+    xd, yd = x.to(XLA), y.to(XLA)
+    implicit0 = met.counter_value("DynamoImplicitStep") or 0
+    for i in range(6):
+        if i == 4:
+            compiles = met.counter_value("UncachedCompile") or 0
+        opt_c.zero_grad()
+        lc = F.cross_entropy(cpu(x), y)
+        lc.backward()
+        opt_c.step()
+        opt_d.zero_grad()
+        ld = F.cross_entropy(cdev(xd), yd)
+        ld.backward()
+        opt_d.step()
+    assert (met.counter_value("UncachedCompile") or 0) == compiles
+    assert (met.counter_value("DynamoImplicitStep") or 0) - implicit0 >= 4
+    assert_same(ld, lc, rtol=1e-4, atol=1e-5)
+    for pc, pd in zip(cpu.parameters(), dev.parameters()):
+        assert_same(pd, pc, rtol=1e-4, atol=1e-5)
 
 
 def test_mnist_sgd_step_is_one_program_and_matches_cpu():

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -62,6 +63,7 @@ class Program:
         self.out_flat_type = _flat_container(out_tree)   # tuple/list of leaves: no unflatten
         self._exe = None
         self._call = None    # what `apply` builds its nodes from, made at its first call
+        self.last_applied = None   # weak reference to the node of the latest `apply`
 
     def executable(self, states=None):
         """The compiled program (compiled at the first call, counted as a compile). The
@@ -177,6 +179,7 @@ class Program:
             operands[self.seed_slot] = (ir.ScalarParam(rng.fresh_seed(), torch.int64), 0)
         node = ir.Node("xla::call_subgraph", tuple(operands), call.args, call.avals, call.lowering,
                        None, call.base)
+        self.last_applied = weakref.ref(node)
         results = [make_tensor(node, i, aval[0], aval[1]) for i, aval in enumerate(call.avals)]
         for pos, r in zip(self.mutated, results[self.n_out:]):
             write_back(flat[pos], r)
@@ -260,7 +263,10 @@ class _Call:
     def __init__(self, program: Program):
         graph = program.graph
         spec = _CallSpec(_Body(graph))
-        self.leaves = [(p, 0) for p in graph.params]
+        # The input slots are filled at each application: only the captured values stay.
+        inputs = {slot for _, slot in program.reads} | {program.seed_slot}
+        self.leaves = [(None if s in inputs else p, 0) for s, p in enumerate(graph.params)]
+        ir.KEPT.update(p for s, p in enumerate(graph.params) if s not in inputs and type(p) is ir.DeviceData)
         self.args = tuple(ir.ref(i) for i in range(len(graph.params))) + (spec,)
         self.avals = tuple(n.avals[i] for n, i in graph.roots)
         low = LOWERINGS["xla::call_subgraph"]

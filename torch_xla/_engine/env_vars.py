@@ -175,10 +175,12 @@ _VARS = [
         "directory of the persistent compile cache (`xr.initialize_cache(path)` at import)"),
     Var("XLA_DYNAMO_DEBUG", "bool", False,
         "print what the dynamo bridge does with each FX graph (traced, compiled, run lazily)"),
-    Var("XLA_DYNAMO_ONE_PROGRAM", "bool", False,
-        "`1`: a `torch.compile(backend='openxla')` graph is applied as one pending IR node instead of "
-        "running its program at once, so forward, backward and optimizer compile into one program per "
-        "step at the barrier (read when Dynamo hands a graph to the bridge)"),
+    Var("XLA_DYNAMO_ONE_PROGRAM", "bool", True,
+        "`0`: each `torch.compile(backend='openxla')` graph of a training step (AOTAutograd's "
+        "forward and backward) runs its program at once, instead of being applied as one pending "
+        "IR node so that forward, backward and optimizer compile into one program per step at the "
+        "barrier (read when Dynamo hands a graph to the bridge; a graph outside a training step "
+        "runs at once when its inputs are computed)"),
     Var("PT_XLA_PRINT_KERNELS", "str", "",
         "`1`: print the source of each specialised kernel to stderr when it is generated (an "
         "overload's first call, `kernels/specialise.py`); or a comma-separated list of the ops "

@@ -271,6 +271,10 @@ class Placeholder(Node):
 # DeviceData leaves whose buffer a compiled graph may donate (`_XLAC._set_buffer_donation`).
 DONORS: "weakref.WeakSet" = weakref.WeakSet()
 
+# DeviceData leaves a captured program reads at every application (its captured values):
+# no tensor holds them, yet a barrier must never donate them.
+KEPT: "weakref.WeakSet" = weakref.WeakSet()
+
 # DeviceData leaf -> the dimensions `_XLAC._xla_mark_dynamic` declared unbounded: the
 # StableHLO text of a graph reading it has those sizes as `?` (executing uses the data's
 # own sizes).

@@ -13,9 +13,10 @@ In SPMD mode a program is compiled for its inputs' shardings: a call whose input
 out otherwise (jax checks every argument's layout) runs the program traced for those
 layouts, tracing it at the first such call. Sharding annotations inside the graph
 (`torch.ops.xla.dynamo_mark_sharding`, `xs.mark_sharding`) are constraints of the program.
-With `XLA_DYNAMO_ONE_PROGRAM=1` a call applies the program as one pending IR node
-(`OneProgramGraph`): a training step's forward, backward and optimizer become one program
-at the step's barrier.
+The forward and backward graphs of a training step are applied as pending IR nodes
+(`OneProgramGraph`): the step's forward, backward and optimizer become one program at its
+barrier (`XLA_DYNAMO_ONE_PROGRAM=0`: each graph's program runs at once, as a graph outside
+a training step does when its inputs are computed).
 
 Dynamic shapes (`torch.compile(..., dynamic=True)`, `torch._dynamo.mark_dynamic`): Dynamo
 traces one graph whose sizes are symbols, passed to the graph as int arguments. XLA
@@ -248,21 +249,74 @@ class CompiledGraph:
 
 
 class OneProgramGraph(CompiledGraph):
-    """A dynamo FX graph whose program is applied as one pending IR node at each call
-    (`XLA_DYNAMO_ONE_PROGRAM=1`): the forward's node, the backward's and the optimizer's
-    ops join the same lazy graph, which the step's barrier compiles as one program (keyed
-    by structure: later steps reuse it). Programs that need their own strategy (SPMD,
-    collectives) and calls in eager mode run at once as `CompiledGraph` does."""
+    """A dynamo FX graph applied as one pending IR node at each call, so that a training
+    step's graphs (AOTAutograd's forward and backward, and the optimizer's graph when the
+    step is compiled whole) and its lazy ops join one lazy graph, which the step's barrier
+    compiles as one program (keyed by structure: later steps reuse it).
+
+    A graph that is not part of a training step (`kind` "") runs at once, computing its
+    pending inputs first, unless it reads results of a pending compiled graph (an
+    optimizer step compiled after the backward); so does any call in eager mode and any
+    program that needs its own strategy (SPMD, collectives). A graph called on pending inputs while its previous
+    application has not run yet (a loop of steps without `torch_xla.sync()`) first runs
+    everything pending as one program, so the lazy graph holds one step, not a chain of
+    them; the backward is exempt (gradient accumulation applies it again within a step)."""
+
+    def __init__(self, graph_module: Callable, name: str = "dynamo", kind: str = ""):
+        super().__init__(graph_module, name)
+        self.kind = kind
+        self._applied = None   # weak reference to the node of the latest application
+
+    def _runs_at_once(self, program, states: list) -> bool:
+        # Outside a training step only a graph reading results of a pending compiled graph
+        # (an optimizer step compiled after the backward) joins the lazy graph.
+        return (mode.modes.eager or not program.appliable()
+                or (not self.kind and not any(not s.is_data and s.node.op == "xla::call_subgraph"
+                                              for s in states)))
+
+    def _apply(self, program, flat: list, states: list) -> Any:
+        if self.kind != "backward" and self._applied is not None and self._applied() is not None \
+                and any(not s.is_data for s in states):
+            _debug(f"graph {self.name}: called again before the previous step ran: the pending step "
+                   f"runs first as one program")
+            telemetry.inc("DynamoImplicitStep")
+            _executor.flush("dynamo graph called again before the step's barrier")
+            states = [state_of(t) for t in flat]
+            if not self.kind:
+                return _run(program, flat, states)
+        if config.skip_input_data_check and any(not s.is_data for s in states):
+            _check_inputs(states)   # raises: the inputs were promised to be computed
+        out = program.outputs(program.apply(flat, states))
+        self._applied = program.last_applied
+        return out
 
     def _run_cached(self, program, key: tuple, args: Sequence[Any], flat: list, states: list) -> Any:
-        if mode.modes.eager or not program.appliable():
+        if self._runs_at_once(program, states):
             return super()._run_cached(program, key, args, flat, states)
-        return program.outputs(program.apply(flat, states))
+        return self._apply(program, flat, states)
 
     def _run_first(self, program, flat: list) -> Any:
-        if mode.modes.eager or not program.appliable():
+        states = [state_of(t) for t in flat]
+        if self._runs_at_once(program, states):
             return _run(program, flat)
-        return program.outputs(program.apply(flat, [state_of(t) for t in flat]))
+        return self._apply(program, flat, states)
+
+
+def _graph_kind(graph_module: Any) -> str:
+    """`forward` or `backward` for the two halves of an AOTAutograd training graph,
+    otherwise "" (an inference graph, or one not made by AOTAutograd): the bridge gets
+    the graph at its first call, after AOTAutograd's compile, so the kind is read from
+    the names AOTAutograd gives a training graph's inputs (`primals_N`, and `tangents_N`
+    for the backward's incoming gradients)."""
+    graph = getattr(graph_module, "graph", None)
+    if graph is None:
+        return ""
+    names = [str(n.target) for n in graph.nodes if n.op == "placeholder"]
+    if any(n.startswith("tangents_") for n in names):
+        return "backward"
+    if any(n.startswith("primals_") for n in names):
+        return "forward"
+    return ""
 
 
 def _host_scalars(args: Sequence[Any]):
@@ -315,12 +369,14 @@ def extract_compiled_graph(graph_module: torch.fx.GraphModule,
 
     The graph is traced and compiled at the callable's first call, for the shapes of the
     inputs it gets (one program per input signature), so the example `args` (the
-    original traces them at once) are not needed. With `XLA_DYNAMO_ONE_PROGRAM=1` the
-    callable applies the program as one pending IR node instead of running it
-    (`OneProgramGraph`)."""
+    original traces them at once) are not needed. The graphs of a training step are
+    applied as pending IR nodes (`OneProgramGraph`), so the step's forward, backward and
+    optimizer compile into one program at its barrier; `XLA_DYNAMO_ONE_PROGRAM=0` runs
+    each graph's program at once, as a graph outside a training step does when its
+    inputs are computed."""
     telemetry.inc("DynamoExtractCompiledGraph")
     if _config.get("XLA_DYNAMO_ONE_PROGRAM"):
-        return OneProgramGraph(graph_module)
+        return OneProgramGraph(graph_module, kind=_graph_kind(graph_module))
     return CompiledGraph(graph_module)
 
 

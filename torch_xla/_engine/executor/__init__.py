@@ -5,7 +5,7 @@ Its modules, and the order a barrier passes through them, are in docs/ARCHITECTU
 """
 from __future__ import annotations
 
-from .barrier import (execute, hlo_module, inspect_checks, lower_text, lowered, materialize, on_ready, pending_graph_key, sync,
+from .barrier import (execute, flush, hlo_module, inspect_checks, lower_text, lowered, materialize, on_ready, pending_graph_key, sync,
                       wait_all, walk)
 from .closures import add as add_step_closure, run as run_step_closures
 from .compile import cache_size, clear_cache
@@ -32,6 +32,6 @@ def activate_debugging() -> None:
         warnings.warn(f"{name} is set but has no effect in torch_xla: {why}", stacklevel=3)
 
 
-__all__ = ["activate_debugging", "execute", "inspect_checks", "on_ready", "sync", "materialize", "wait_all", "walk", "lowered", "lower_text", "hlo_module",
+__all__ = ["activate_debugging", "execute", "flush", "inspect_checks", "on_ready", "sync", "materialize", "wait_all", "walk", "lowered", "lower_text", "hlo_module",
            "add_step_closure", "run_step_closures", "pending_graph_key", "cache_size", "clear_cache", "Graph",
            "GraphCompileError", "lower_node"]

@@ -277,6 +277,22 @@ def sync(wait: bool = False, states: Optional[List[XlaState]] = None) -> None:
         closures.run()
 
 
+def flush(why: str) -> None:
+    """Runs all pending IR as one program, donating the buffers it overwrites, without
+    ending the step (no step closures, no new random step, no `MarkStep`): the implicit
+    barrier of a step the user did not close (`why` names it in the debugging analysis)."""
+    with _lock:
+        live = pending.take_live()
+        if not live:
+            return
+        try:
+            execute(live, barrier=True, why=why)
+        except BaseException as e:
+            if not isinstance(e, PlaceholderRead):
+                pending.restore(live)
+            raise
+
+
 def materialize(state: XlaState):
     """The device buffer of `state`, running its pending graph if needed."""
     if type(state.node) is not ir.DeviceData:

@@ -94,9 +94,10 @@ def donatable(graph: Graph, barrier: bool = True) -> tuple:
     if barrier:
         owned, aliased = held_data()
         device_data = ir.DeviceData
+        kept = ir.KEPT
         chosen.update(s for s, p in enumerate(params)
                       if type(p) is device_data and id(p) not in owned and id(p) not in aliased
-                      and id(p) not in root_ids)
+                      and id(p) not in root_ids and p not in kept)
         if aliased:
             shared = [s for s, p in enumerate(params)
                       if type(p) is device_data and id(p) in aliased and id(p) not in root_ids]
