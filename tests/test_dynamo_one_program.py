@@ -256,3 +256,28 @@ def test_index_check_inside_the_graph_raises_the_cpu_error():
         out = ce(bad.to(XLA))
         xm.mark_step()
         out.cpu()
+
+
+def test_gradient_accumulation_is_one_program_per_step():
+    """Two forward/backward pairs, then the optimizer: one program per step once warm."""
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    dev = copy.deepcopy(cpu).to(XLA)
+    opt_c = torch.optim.SGD(cpu.parameters(), lr=0.1, momentum=0.9)
+    opt_d = torch.optim.SGD(dev.parameters(), lr=0.1, momentum=0.9)
+    cdev = torch.compile(dev, backend="openxla")
+    batches = [(torch.randn(16, 8), torch.randint(0, 4, (16,))) for _ in range(2)]
+    for i in range(5):
+        runs = _runs()
+        opt_c.zero_grad()
+        opt_d.zero_grad()
+        for x, y in batches:
+            F.cross_entropy(cpu(x), y).backward()
+            F.cross_entropy(cdev(x.to(XLA)), y.to(XLA)).backward()
+        opt_c.step()
+        opt_d.step()
+        xm.mark_step()
+        if i >= 3:
+            assert _runs() - runs == 1
+    for pc, pd in zip(cpu.parameters(), dev.parameters()):
+        assert_same(pd, pc, rtol=1e-4, atol=1e-5)
