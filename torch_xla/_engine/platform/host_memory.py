@@ -121,35 +121,42 @@ def before_dispatch() -> int:
     """Before dispatching a program with a large temporary buffer: waits until the
     previous large program's temporary buffer is free. Returns the heap's bytes in use
     just before the dispatch, for `after_dispatch`."""
-    settle()
-    return _allocator.libc.mallinfo2().uordblks
+    used = settle()
+    # The wait's last reading is still true (nothing was allocated since): a reading walks
+    # the arena's free lists, milliseconds on a heap that keeps a step's buffers.
+    return used if used is not None else _allocator.libc.mallinfo2().uordblks
 
 
-def settle(release: bool = False) -> None:
+def settle(release: bool = False) -> Optional[int]:
     """Waits until the last large program dispatched has run and freed its temporary
     buffer; with `release`, then returns the heap's free pages to the OS. The compiler
     calls it with `release`: its own allocations would otherwise pile on top of a step's
     resident buffers (the decoder's peak RSS came from compiling step 2's program right
-    after step 1)."""
+    after step 1). Returns the heap's bytes in use at the last reading (None when there
+    was nothing to wait for)."""
     global _last
     if _last is None:
-        return
+        return None
     out, used_before, temp = _last
     _last = None
     try:
         out.block_until_ready()
     except Exception:  # noqa: BLE001  (its error surfaces where its value is read)
-        return
+        return None
     libc = _allocator.libc
     # XLA allocates the temporary buffer on a worker thread, at or after the dispatch,
     # and frees it after the outputs are ready: it is free once the heap is back near
     # its size before the dispatch (outputs mostly replace donated inputs).
     limit = used_before + temp // 2
     deadline = time.perf_counter() + _FREE_WAIT_S
-    while libc.mallinfo2().uordblks > limit and time.perf_counter() < deadline:
+    used = libc.mallinfo2().uordblks
+    while used > limit and time.perf_counter() < deadline:
         time.sleep(0.0002)
+        used = libc.mallinfo2().uordblks
     if release:
         libc.malloc_trim(0)
+        return None
+    return used
 
 
 def after_dispatch(temp: int, used_before: int, outs) -> None:
