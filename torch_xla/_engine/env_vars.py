@@ -105,6 +105,9 @@ _VARS = [
         "`0`: let PyTorch's meta kernels import `torch._dynamo` on their first call"),
     Var("PT_XLA_LAZY_OPTIMIZER_DYNAMO", "bool", True,
         "`0`: let torch.optim's `step` import `torch._dynamo` on its first call"),
+    Var("PT_XLA_LAZY_SYMBOLIC_SHAPES", "bool", True,
+        "`0`: let `torch._check` and the meta kernels import `torch.fx.experimental.symbolic_shapes` (and sympy) "
+        "on their first call"),
     Var("TORCH_XLA_JAX_PROCESS_ID", "int", None, "set by the launcher: this process's rank", cached=False),
     Var("TORCH_XLA_JAX_WORLD_SIZE", "int", None, "set by the launcher: number of processes", cached=False),
     Var("TORCH_XLA_JAX_LOCAL_RANK", "int", None, "set by the launcher: rank on this host", cached=False),

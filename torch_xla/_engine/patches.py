@@ -166,6 +166,18 @@ REGISTRY: List[Patch] = [
           "the grad mode and runs as PyTorch's does",
           "_engine.process_patches:lazy_optimizer_dynamo", IMPORT,
           "torch.optim.SGD.step.__code__.co_filename"),
+    Patch("lazy_symbolic_shapes", "`torch.fx.experimental.symbolic_shapes` (when not imported yet): a module "
+          "object answering the helpers the eager meta kernels call (`expect_true`, `guard_or_false`, `sym_eq`...) "
+          "for plain bools and ints, into which PyTorch's module is executed at the first other use; and "
+          "`elementwise_dtypes` of `torch._prims_common` and `torch._meta_registrations`, until sympy starts "
+          "loading (an import hook puts PyTorch's function back)", "import", "PT_XLA_LAZY_SYMBOLIC_SHAPES",
+          "`torch._check` and PyTorch's Python meta kernels and references import symbolic_shapes, and "
+          "with it sympy (0.3-0.5 s), at their first call, only to pass plain values through helpers that "
+          "are identities for them: the first traced step paid the import. A symbolic value or any other "
+          "name gets PyTorch's module (the same module object, so every reference sees it); dtype "
+          "promotion of anything but tensors and Python numbers gets PyTorch's function",
+          "_engine.process_patches:lazy_symbolic_shapes", IMPORT,
+          "type(sys.modules.get('torch.fx.experimental.symbolic_shapes')).__name__ == '_LazySymbolicShapes'"),
     Patch("xla_flags", "the `XLA_FLAGS` and `JAX_PLATFORMS` environment variables",
           "first device use, before jax starts", "XLA_FLAGS naming the flag yourself",
           "`JAX_PLATFORMS` from `PJRT_DEVICE`; on CPU, XLA's memory-minimising scheduler "

@@ -299,3 +299,300 @@ def lazy_optimizer_dynamo() -> bool:
     if _swapped_steps and not any(isinstance(f, _RestoreOptimizerSteps) for f in sys.meta_path):
         sys.meta_path.insert(0, _RestoreOptimizerSteps())
     return True
+
+
+# ---- lazy_symbolic_shapes ---------------------------------------------------------------------
+# PyTorch's Python meta kernels and references call a dozen helpers of
+# torch.fx.experimental.symbolic_shapes (`torch._check`'s `expect_true`, `guard_or_false`,
+# `sym_eq`...) through function-level imports, and `elementwise_dtypes` imports sympy at each call:
+# the first traced step imported both (sympy's 400 modules). For the plain bools, ints and tensors
+# of eager meta kernels those helpers are identities or constants. Until something needs more,
+# the module is a stand-in answering those calls and handing anything else (a SymInt, another
+# name) to PyTorch's module, which is then executed into the same module object, so that every
+# reference to it sees PyTorch's module; `elementwise_dtypes` gets a stand-in computing the
+# same dtypes without sympy until sympy starts loading (an import hook puts it back).
+
+_SYMBOLIC_SHAPES = "torch.fx.experimental.symbolic_shapes"
+_SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+_load_lock = threading.RLock()
+_loading = threading.local()
+
+
+class _LazySymbolicShapes(types.ModuleType):
+    """`torch.fx.experimental.symbolic_shapes` before its first use that needs PyTorch's code."""
+
+    def __getattr__(self, name):
+        # The import system asks a module for `__path__` (packages have one; PyTorch's module not).
+        if name == "__path__" or getattr(_loading, "active", False):
+            raise AttributeError(f"partially initialized module {_SYMBOLIC_SHAPES!r} has no attribute {name!r}")
+        return getattr(load_symbolic_shapes(), name)
+
+    def __setattr__(self, name, value):
+        if getattr(_loading, "active", False):
+            self.__dict__[name] = value
+        else:
+            setattr(load_symbolic_shapes(), name, value)
+
+    def __delattr__(self, name):
+        if getattr(_loading, "active", False):
+            del self.__dict__[name]
+        else:
+            delattr(load_symbolic_shapes(), name)
+
+    def __dir__(self):
+        return dir(load_symbolic_shapes())
+
+
+def load_symbolic_shapes() -> types.ModuleType:
+    """PyTorch's symbolic_shapes, executed into the stand-in the first time (or imported)."""
+    mod = sys.modules.get(_SYMBOLIC_SHAPES)
+    if type(mod) is not _LazySymbolicShapes:
+        if mod is None:
+            import importlib
+            mod = importlib.import_module(_SYMBOLIC_SHAPES)
+        return mod
+    with _load_lock:
+        if type(mod) is _LazySymbolicShapes and not getattr(_loading, "active", False):
+            for name in _STAND_INS:
+                mod.__dict__.pop(name, None)
+            _loading.active = True
+            try:
+                mod.__spec__.loader.exec_module(mod)
+            except BaseException:
+                sys.modules.pop(_SYMBOLIC_SHAPES, None)
+                raise
+            finally:
+                _loading.active = False
+            object.__setattr__(mod, "__class__", types.ModuleType)
+            _rebind({id(f): mod.__dict__[name] for name, f in _STAND_INS.items() if name in mod.__dict__})
+    return mod
+
+
+def _rebind(replacements: dict) -> None:
+    """Module globals that still hold a stand-in (a module that imported one by name while it
+    stood in) get PyTorch's object instead."""
+    me = sys.modules.get(__name__)
+    for m in list(sys.modules.values()):
+        d = getattr(m, "__dict__", None)
+        if m is me or type(d) is not dict:
+            continue
+        for k, v in list(d.items()):
+            if id(v) in replacements and callable(v):
+                d[k] = replacements[id(v)]
+
+
+def _pytorch(name: str):
+    return getattr(load_symbolic_shapes(), name)
+
+
+def _plain_ints(x) -> bool:
+    if type(x) in (int, bool):
+        return True
+    return isinstance(x, (list, tuple)) and all(_plain_ints(v) for v in x)   # torch.Size too
+
+
+def _expect_true(a, skip=0):
+    if type(a) is bool:
+        return a
+    return _pytorch("expect_true")(a, skip + 1)
+
+
+def _guard_or_false(a):
+    return a if type(a) is bool else _pytorch("guard_or_false")(a)
+
+
+def _guard_or_true(a):
+    return a if type(a) is bool else _pytorch("guard_or_true")(a)
+
+
+def _guard_size_oblivious(expr):
+    # Imported by `is_contiguous` but seldom called; PyTorch's warns that it is deprecated.
+    return _pytorch("guard_size_oblivious")(expr)
+
+
+def _statically_known_true(x):
+    return x if type(x) is bool else _pytorch("statically_known_true")(x)
+
+
+def _guarding_hint_or_throw(a):
+    return a if type(a) in (int, bool) else _pytorch("guarding_hint_or_throw")(a)
+
+
+def _has_guarding_hint(a):
+    return True if not isinstance(a, _SYM_TYPES) else _pytorch("has_guarding_hint")(a)
+
+
+def _is_nested_int(s):
+    return False if not isinstance(s, torch.SymInt) else _pytorch("is_nested_int")(s)
+
+
+def _sym_and(x, *others):
+    if type(x) is bool and all(type(y) is bool for y in others):
+        return x and all(others)
+    return _pytorch("sym_and")(x, *others)
+
+
+def _sym_or(x, *others):
+    if type(x) is bool and all(type(y) is bool for y in others):
+        return x or any(others)
+    return _pytorch("sym_or")(x, *others)
+
+
+def _sym_eq(x, y):
+    if _plain_ints(x) and _plain_ints(y):
+        return _plain_eq(x, y)
+    return _pytorch("sym_eq")(x, y)
+
+
+def _plain_eq(x, y) -> bool:
+    seq_x, seq_y = isinstance(x, (list, tuple)), isinstance(y, (list, tuple))
+    if seq_x and seq_y:
+        return len(x) == len(y) and all(_plain_eq(a, b) for a, b in zip(x, y))
+    if seq_x or seq_y:
+        return _pytorch("sym_eq")(x, y)   # PyTorch's error
+    return x == y
+
+
+def _free_unbacked_symbols(x):
+    if type(x) is torch.Tensor and x.layout is torch.strided and all(type(n) is int for n in x.shape):
+        from torch.utils._ordered_set import OrderedSet
+        return OrderedSet()
+    return _pytorch("free_unbacked_symbols")(x)
+
+
+_STAND_INS = {f.__name__[1:]: f for f in (
+    _expect_true, _guard_or_false, _guard_or_true, _guard_size_oblivious, _statically_known_true,
+    _guarding_hint_or_throw, _has_guarding_hint, _is_nested_int, _sym_and, _sym_or, _sym_eq,
+    _free_unbacked_symbols)}
+
+
+def _elementwise_dtypes(*_args, type_promotion_kind):
+    """PyTorch's `elementwise_dtypes` for tensors and Python numbers, without importing sympy:
+    the highest category (bool < int < float < complex) among all arguments, its dtype
+    from the tensors of at least one dimension, else the 0-d ones, else the default;
+    then the promotion kind's rule. Any other argument goes to PyTorch's function."""
+    from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as kinds, get_computation_dtype
+    result = _result_dtype(_args)
+    if result is None or not isinstance(type_promotion_kind, kinds):
+        return _pytorch_elementwise_dtypes(*_args, type_promotion_kind=type_promotion_kind)
+    compute = get_computation_dtype(result)
+    if type_promotion_kind is kinds.NO_OPMATH:
+        return result, result
+    if type_promotion_kind is kinds.INT_TO_FLOAT:
+        if _CATEGORY.get(result, 9) <= 1:
+            result = torch.get_default_dtype()
+        return get_computation_dtype(result), result
+    if type_promotion_kind is kinds.COMPLEX_TO_FLOAT:
+        return compute, _REAL_OF.get(result, result)
+    if type_promotion_kind is kinds.BOOL_TO_LONG:
+        return (torch.long, torch.long) if result is torch.bool else (compute, result)
+    if type_promotion_kind is kinds.ALWAYS_BOOL:
+        return compute, torch.bool
+    return compute, result   # DEFAULT
+
+
+# The dtypes PyTorch's promotion orders, by category: bool 0, integers 1, floats 2, complex 3.
+_CATEGORY = {torch.bool: 0, torch.uint8: 1, torch.int8: 1, torch.int16: 1, torch.int32: 1, torch.int64: 1,
+             torch.float16: 2, torch.bfloat16: 2, torch.float32: 2, torch.float64: 2,
+             torch.complex32: 3, torch.complex64: 3, torch.complex128: 3}
+_SCALAR_CATEGORY = {bool: 0, int: 1, float: 2, complex: 3}
+_COMPLEX_OF = {torch.float16: torch.complex32, torch.bfloat16: torch.complex64, torch.float32: torch.complex64,
+               torch.float64: torch.complex128}
+_REAL_OF = {torch.complex32: torch.float16, torch.complex64: torch.float32, torch.complex128: torch.float64}
+
+
+def _result_dtype(args):
+    """The promoted result dtype, or None when an argument is not a tensor of an ordered dtype
+    or a Python number."""
+    highest, dims, zeros = 0, [], []
+    for x in args:
+        if x is None:
+            continue
+        if isinstance(x, torch.Tensor):
+            c = _CATEGORY.get(x.dtype)
+            if c is None:
+                return None
+            (dims if x.dim() else zeros).append(x.dtype)
+        else:
+            c = _SCALAR_CATEGORY.get(type(x))
+            if c is None:
+                return None
+        if c > highest:
+            highest = c
+    if highest == 0:
+        return torch.bool
+    got = _highest_of(dims, highest) or _highest_of(zeros, highest)
+    if got is not None:
+        return got
+    if highest == 1:
+        return torch.long
+    default = torch.get_default_dtype()
+    return default if highest == 2 else _COMPLEX_OF[default]
+
+
+def _highest_of(dtypes, category: int):
+    out = None
+    for d in dtypes:
+        c = _CATEGORY[d]
+        if c == category:
+            pass
+        elif category == 3 and c == 2:
+            d = _COMPLEX_OF[d]
+        else:
+            continue
+        out = d if out is None else torch.promote_types(out, d)
+    return out
+
+
+_pytorch_elementwise_dtypes = None
+# Modules whose global `elementwise_dtypes` the eager meta kernels call.
+_DTYPE_USERS = ("torch._prims_common", "torch._meta_registrations")
+
+
+class _RestoreElementwiseDtypes:
+    """Gives PyTorch's `elementwise_dtypes` back when sympy starts loading."""
+
+    def find_spec(self, name, path, target=None):
+        if name == "sympy":
+            restore_elementwise_dtypes()
+        return None
+
+
+def restore_elementwise_dtypes() -> None:
+    """Undoes the `elementwise_dtypes` half of `lazy_symbolic_shapes` (sympy's import calls it)."""
+    if any(isinstance(f, _RestoreElementwiseDtypes) for f in sys.meta_path):
+        sys.meta_path = [f for f in sys.meta_path if not isinstance(f, _RestoreElementwiseDtypes)]
+    if _pytorch_elementwise_dtypes is not None:
+        _rebind({id(_elementwise_dtypes): _pytorch_elementwise_dtypes})
+
+
+def lazy_symbolic_shapes() -> bool:
+    """The stand-ins above: the module (when not imported yet) and `elementwise_dtypes` (when
+    sympy is not imported yet)."""
+    global _pytorch_elementwise_dtypes
+    import importlib
+    import importlib.util
+    from torch import _prims_common
+    lazy_module = _SYMBOLIC_SHAPES not in sys.modules
+    lazy_dtypes = "sympy" not in sys.modules
+    spec = importlib.util.find_spec(_SYMBOLIC_SHAPES) if lazy_module else None
+    if lazy_module and (spec is None or not hasattr(spec.loader, "exec_module")):
+        return patches.refuse(_SYMBOLIC_SHAPES, "it cannot be found as a source module")
+    fn = _prims_common.__dict__.get("elementwise_dtypes")
+    if lazy_dtypes and (getattr(fn, "__code__", None) is None or "sympy" not in fn.__code__.co_names):
+        return patches.refuse("torch._prims_common.elementwise_dtypes", "it looks different")
+    if lazy_module:
+        mod = importlib.util.module_from_spec(spec)
+        mod.__dict__.update(_STAND_INS)
+        object.__setattr__(mod, "__class__", _LazySymbolicShapes)
+        sys.modules[_SYMBOLIC_SHAPES] = mod
+        setattr(importlib.import_module("torch.fx.experimental"), "symbolic_shapes", mod)
+    if lazy_dtypes:
+        _pytorch_elementwise_dtypes = fn
+        for name in _DTYPE_USERS:
+            mod = sys.modules.get(name)
+            if mod is not None and mod.__dict__.get("elementwise_dtypes") is fn:
+                mod.elementwise_dtypes = _elementwise_dtypes
+        if not any(isinstance(f, _RestoreElementwiseDtypes) for f in sys.meta_path):
+            sys.meta_path.insert(0, _RestoreElementwiseDtypes())
+    return True

@@ -11,7 +11,8 @@ masked_select, unique...).
 from __future__ import annotations
 
 import torch
-from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+from torch import _prims_common
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND
 
 from .. import pjrt
 from ..tensor import state_of
@@ -144,7 +145,8 @@ def infer(k, args) -> ShapeEntry:
     first = avals[0] if avals and avals[0] is not None else None
     if promo:
         try:
-            common = elementwise_dtypes(*promo, type_promotion_kind=_DEFAULT_KIND)[1]
+            # Looked up on the module: patch `lazy_symbolic_shapes` stands in for it until sympy loads.
+            common = _prims_common.elementwise_dtypes(*promo, type_promotion_kind=_DEFAULT_KIND)[1]
         except Exception:
             common = first[1] if first else None
         if first is not None and common is not None:
