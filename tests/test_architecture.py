@@ -339,7 +339,7 @@ print(after_xla[0], after_xla[1], len(full) - after_xla[0], gc.isenabled(), gc.g
 """
 
 
-@pytest.mark.parametrize("tune", ["1", "0"])
+@pytest.mark.parametrize("tune", ["1", pytest.param("0", marks=pytest.mark.slow)])   # fresh processes, ~4 s each
 @pytest.mark.parametrize("state", ["on", "off"])
 def test_collector_paused_during_imports_and_restored(tune, state):
     # `quiet_gc_imports`: no full collection inside `import torch_xla` nor inside the import

@@ -82,6 +82,7 @@ def test_inputs_off_the_device_are_named_in_warnings():
     assert len(found) == 2 and "torch.Size([2, 3]) on cpu" in found[1]
 
 
+@pytest.mark.slow   # ~16 s; the one-program MNIST test covers the default path
 def test_mnist_training_matches_cpu_and_steady_loop_compiles_nothing():
     cpu, dev = _pair(MNIST)
     opt_c = torch.optim.SGD(cpu.parameters(), lr=0.05, momentum=0.9)
@@ -128,6 +129,7 @@ def test_decoder_training_matches_cpu():
         assert_same(pd, pc, rtol=1e-3, atol=1e-3)   # AdamW: near-zero gradients amplified
 
 
+@pytest.mark.slow   # ~10 s
 def test_resnet_training_matches_cpu():
     cpu, dev = _pair(ResNet)
     opt_c = torch.optim.SGD(cpu.parameters(), lr=0.05, momentum=0.9)

@@ -229,6 +229,7 @@ def test_result_that_does_not_unpickle_in_the_parent_is_reported():
     assert isinstance(ei.value.__cause__, ValueError)
 
 
+@pytest.mark.slow   # ~6 s: two processes
 def test_run_multiprocess_names_the_unpicklable_result():
     # In a fresh process: run_multiprocess refuses a caller that has started the runtime.
     out = _run("""

@@ -36,7 +36,7 @@ def _cpu_train(kind, world):
 
 
 # The 4-process job (about 100 s on 2 cores) runs in the slow target (`make test-slow`).
-@pytest.fixture(scope="module", params=[2, pytest.param(4, marks=pytest.mark.slow)], ids=["2proc", "4proc"])
+@pytest.fixture(scope="module", params=[pytest.param(2, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)], ids=["2proc", "4proc"])
 def job(request):
     world = request.param
     res = launcher.spawn(fw.fsdp_scale_job, nprocs=world, return_results=True)

@@ -153,7 +153,7 @@ def _mnist_readme_loop(model, optimizer, data, scheduler=None, on_step=None):
     return losses
 
 
-@pytest.mark.parametrize("loop", [_mnist_api_guide_loop, _mnist_readme_loop],
+@pytest.mark.parametrize("loop", [pytest.param(_mnist_api_guide_loop, marks=pytest.mark.slow), _mnist_readme_loop],
                          ids=["api_guide", "readme_step"])
 def test_mnist_matches_cpu(loop):
     cpu, xla, copt, xopt = _mnist_setup()
@@ -210,7 +210,7 @@ def _decoder_compiled_loop(model, optimizer, data, scheduler=None, on_step=None)
 
 # Two variants cover every feature (rope + SDPA + hand RMSNorm, learned positions + masked
 # softmax + nn.RMSNorm); the other two combinations run in the slow target.
-_SLOW_VARIANTS = ("rope_masked_softmax", "learned_pos_sdpa_nn_rmsnorm")
+_SLOW_VARIANTS = ("rope_masked_softmax", "learned_pos_sdpa_nn_rmsnorm", "learned_pos_masked_softmax_nn_rmsnorm")
 
 
 @pytest.mark.parametrize("variant", [pytest.param(v, marks=pytest.mark.slow) if v in _SLOW_VARIANTS else v

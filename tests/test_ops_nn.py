@@ -677,7 +677,7 @@ def test_max_pool_tiling_windows_values_indices_grads():
 
 
 @pytest.mark.parametrize("cls", ["GRU", "LSTM"])
-@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("bias", [pytest.param(True, marks=pytest.mark.slow), False])   # ~8 s each
 def test_recurrent_modules_run_their_fused_cells_on_the_device(cls, bias):
     """PyTorch's GRU / LSTM call the fused cells on the xla device (the CPU has no kernel
     for them); bidirectional takes PyTorch's own GRU code, not the program-loop one."""

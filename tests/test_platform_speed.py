@@ -129,6 +129,7 @@ def test_importing_dynamo_gives_pytorch_its_wrapper_back(lazy):
     assert lazy["compiled_step"] == [1.0 - 0.5 * 0.25, -2.0 - 0.5 * 0.5]
 
 
+@pytest.mark.slow   # ~8 s: a fresh process
 def test_opt_out_leaves_the_wrapper_alone():
     off = _run({"PT_XLA_LAZY_OPTIMIZER_DYNAMO": "0"})
     assert off["after_steps"] is True   # PyTorch's wrapper imported it at the first step
@@ -233,6 +234,7 @@ def test_first_real_use_gets_pytorchs_module_in_the_same_object(symbolic):
     assert symbolic["hooks_left"] == []
 
 
+@pytest.mark.slow   # ~7 s: a fresh process
 def test_symbolic_shapes_opt_out_imports_sympy_at_the_first_step():
     off = _run_symbolic({"PT_XLA_LAZY_SYMBOLIC_SHAPES": "0"})
     assert off["lazy_at_import"] == "NoneType"

@@ -120,7 +120,7 @@ def _step(model, opt, x, y):
 
 
 @pytest.mark.parametrize("weights_only", [True, False])
-@pytest.mark.parametrize("where", ["str", "dict"])
+@pytest.mark.parametrize("where", [pytest.param("str", marks=pytest.mark.slow), "dict"])   # ~10 s each
 def test_model_and_adam_state_dicts_load_and_train_like_the_cpu(where, weights_only):
     x, y = torch.tensor([[1, 2, 3], [4, 5, 6]]), torch.tensor([[3, 4, 5], [6, 7, 8]])
     ref = _lm(0)
