@@ -251,21 +251,39 @@ _STEP_STAND_IN = _grad_mode_step().__code__
 _swapped_steps: list = []   # [(function, PyTorch's code)]
 
 
-class _RestoreOptimizerSteps:
-    """Gives the optimizers' step wrappers back PyTorch's code when torch._dynamo starts loading."""
+class _UndoOnImport:
+    """A meta-path finder that calls `undo` when module `module` starts loading (it finds
+    nothing itself): how a stand-in gives PyTorch's code back at the first real use."""
+
+    def __init__(self, module: str, undo):
+        self.module = module
+        self.undo = undo
 
     def find_spec(self, name, path, target=None):
-        if name == "torch._dynamo":
-            restore_optimizer_steps()
+        if name == self.module:
+            self.undo()
         return None
+
+
+def _hooked(undo) -> bool:
+    return any(isinstance(f, _UndoOnImport) and f.undo is undo for f in sys.meta_path)
+
+
+def _hook_import(module: str, undo) -> None:
+    if not _hooked(undo):
+        sys.meta_path.insert(0, _UndoOnImport(module, undo))
+
+
+def _unhook_import(undo) -> None:
+    # A new list, not a removal: the import system may be iterating over the old one (a
+    # removal from it would skip the finder after this one, e.g. `quiet_gc_imports`' hook).
+    if _hooked(undo):
+        sys.meta_path = [f for f in sys.meta_path if not (isinstance(f, _UndoOnImport) and f.undo is undo)]
 
 
 def restore_optimizer_steps() -> None:
     """Undoes `lazy_optimizer_dynamo` (the import of torch._dynamo calls it)."""
-    # A new list, not a removal: the import system may be iterating over the old one (a
-    # removal from it would skip the finder after this one, e.g. `quiet_gc_imports`' hook).
-    if any(isinstance(f, _RestoreOptimizerSteps) for f in sys.meta_path):
-        sys.meta_path = [f for f in sys.meta_path if not isinstance(f, _RestoreOptimizerSteps)]
+    _unhook_import(restore_optimizer_steps)
     while _swapped_steps:
         fn, code = _swapped_steps.pop()
         fn.__code__ = code
@@ -296,8 +314,8 @@ def lazy_optimizer_dynamo() -> bool:
                 _swapped_steps.append((fn, code))
                 break
             fn = getattr(fn, "__wrapped__", None)
-    if _swapped_steps and not any(isinstance(f, _RestoreOptimizerSteps) for f in sys.meta_path):
-        sys.meta_path.insert(0, _RestoreOptimizerSteps())
+    if _swapped_steps:
+        _hook_import("torch._dynamo", restore_optimizer_steps)
     return True
 
 
@@ -549,19 +567,9 @@ _pytorch_elementwise_dtypes = None
 _DTYPE_USERS = ("torch._prims_common", "torch._meta_registrations")
 
 
-class _RestoreElementwiseDtypes:
-    """Gives PyTorch's `elementwise_dtypes` back when sympy starts loading."""
-
-    def find_spec(self, name, path, target=None):
-        if name == "sympy":
-            restore_elementwise_dtypes()
-        return None
-
-
 def restore_elementwise_dtypes() -> None:
     """Undoes the `elementwise_dtypes` half of `lazy_symbolic_shapes` (sympy's import calls it)."""
-    if any(isinstance(f, _RestoreElementwiseDtypes) for f in sys.meta_path):
-        sys.meta_path = [f for f in sys.meta_path if not isinstance(f, _RestoreElementwiseDtypes)]
+    _unhook_import(restore_elementwise_dtypes)
     if _pytorch_elementwise_dtypes is not None:
         _rebind({id(_elementwise_dtypes): _pytorch_elementwise_dtypes})
 
@@ -593,6 +601,5 @@ def lazy_symbolic_shapes() -> bool:
             mod = sys.modules.get(name)
             if mod is not None and mod.__dict__.get("elementwise_dtypes") is fn:
                 mod.elementwise_dtypes = _elementwise_dtypes
-        if not any(isinstance(f, _RestoreElementwiseDtypes) for f in sys.meta_path):
-            sys.meta_path.insert(0, _RestoreElementwiseDtypes())
+        _hook_import("sympy", restore_elementwise_dtypes)
     return True

@@ -257,8 +257,8 @@ class OneProgramGraph(CompiledGraph):
     A graph that is not part of a training step (`kind` "") runs at once, computing its
     pending inputs first, unless it reads results of a pending compiled graph (an
     optimizer step compiled after the backward); so does any call in eager mode and any
-    program that needs its own strategy (SPMD, collectives). A graph called on pending inputs while its previous
-    application has not run yet (a loop of steps without `torch_xla.sync()`) first runs
+    program that needs its own strategy (SPMD, collectives). A graph called on pending
+    inputs while its previous application has not run yet (a loop of steps without `torch_xla.sync()`) first runs
     everything pending as one program, so the lazy graph holds one step, not a chain of
     them; the backward is exempt (gradient accumulation applies it again within a step)."""
 
