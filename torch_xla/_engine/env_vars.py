@@ -82,6 +82,8 @@ _VARS = [
         "in the last bits (`executor/tiers.py`)"),
     Var("PT_XLA_TUNE_GC", "bool", True,
         "`0`: leave Python's garbage collector as it is (no `gc.freeze()`, no threshold change, no pause during imports)"),
+    Var("PT_XLA_CPU_BLAS", "bool", True,
+        "`0`: XLA computes every float32 matrix product of CPU programs (no call of PyTorch's BLAS)"),
     Var("PT_XLA_RETAIN_HOST_MEMORY", "bool", True,
         "`0`: leave glibc's allocator as it is on the CPU device (no `mallopt`)"),
     Var("PT_XLA_PATCH_MODULE_APPLY", "bool", True,

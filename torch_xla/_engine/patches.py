@@ -188,6 +188,12 @@ REGISTRY: List[Patch] = [
           "XLA:CPU's large buffers would be mmapped and page-faulted in again at every step "
           "(`platform/host_memory.py`)", "_engine.boot:retain_host_memory", JAX_START,
           "_large_block_is_mmapped()"),
+    Patch("cpu_blas_target", "jax's registry of FFI targets: `torch_xla_cpu_matmul_f32` (platform `cpu`), "
+          "the native handler given PyTorch's `sgemm` and MKL's per-thread thread count",
+          "the first compile of a CPU program", "PT_XLA_CPU_BLAS",
+          "the product handler (`platform/cpu_blas.py`): XLA:CPU's batched and transposed float32 "
+          "products are slower than PyTorch's BLAS", "_engine.platform.cpu_blas:register", None,
+          "_ffi_target_registered('torch_xla_cpu_matmul_f32')"),
     Patch("jax_x64", "jax's process-wide `jax_enable_x64` option, on", "first device use, when jax starts",
           "none (torch's int64 and float64 need it)",
           "PyTorch's default integer type is int64 and float64 tensors exist: with 32-bit jax "

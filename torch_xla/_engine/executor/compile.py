@@ -65,6 +65,8 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple, metric: str = "Co
     if graph.has_collective:
         _check_replica_groups(graph)
     pol = platform_policy()
+    # before a cached program that calls the platform's handler is loaded
+    library_products = strategy.library_products and not graph.has_collective and pol.library_products()
     pkey = None
     if persistent.enabled() and strategy.persistable:
         pkey = persistent.key(graph, tuple(donate))
@@ -72,7 +74,8 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple, metric: str = "Co
             hit = persistent.load(pkey)
             if hit is not None:
                 return Executable(hit[0], donate, pol.paced_bytes(hit[0]), hit[1])
-    fn = strategy.wrap(build_fn(graph, pol.patch_convolutions, checks=True, widen_int4_dots=pol.widen_int4_dots), graph)
+    fn = strategy.wrap(build_fn(graph, pol.patch_convolutions, checks=True, widen_int4_dots=pol.widen_int4_dots,
+                                library_products=library_products), graph)
     if not strategy.donates:
         donate = ()
     pol.before_compile()

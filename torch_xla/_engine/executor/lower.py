@@ -91,7 +91,7 @@ def _lower_splats(a, ops, vals, plan) -> tuple:
 
 
 def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False, manual_text: bool = False,
-             constants: Optional[dict] = None, widen_int4_dots: bool = False):
+             constants: Optional[dict] = None, widen_int4_dots: bool = False, library_products: bool = False):
     """A pure function params -> root values, evaluating the nodes with their lowerings.
 
     `constants`: parameter slot -> host value compiled into the program instead (the
@@ -102,7 +102,9 @@ def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False, manua
     on), the function returns one more value, the error vector of `checks.py`, and
     `graph.checks` receives the host side of each check when the function is traced.
     `manual_text`: manual regions are lowered in place, their edges as XLA's SPMD custom
-    calls (printable, with per-device values among the results; not for running)."""
+    calls (printable, with per-device values among the results; not for running).
+    `library_products`: float32 products as calls of the platform's BLAS handler
+    (lowering/blas_cpu.py; executed single-device CPU programs)."""
     import jax.numpy as jnp
     from . import checks as checking
     order, slot, index = graph.order, graph.slot, graph.index
@@ -153,12 +155,13 @@ def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False, manua
         lowering_ctx.patch_convolutions = patch_convolutions
         lowering_ctx.widen_int4_dots = widen_int4_dots
         lowering_ctx.manual_text = manual_text
+        lowering_ctx.library_products = library_products
         recorded = lowering_ctx.checks = [] if checked else None
         try:
             vals = _run(params)
         finally:
-            lowering_ctx.checks = lowering_ctx.node = None
-            lowering_ctx.manual_text = False
+            lowering_ctx.checks = lowering_ctx.node = lowering_ctx.source = None
+            lowering_ctx.manual_text = lowering_ctx.library_products = False
         roots = tuple(vals[p][i] for p, i in root_pos)
         if not checked:
             return roots
@@ -168,6 +171,12 @@ def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False, manua
     def _run(params):
         vals = [None] * len(plan)
         done = {}   # id(pattern) -> its outputs
+
+        def source(node, i):
+            p = index.get(id(node))
+            v = vals[p] if p is not None else None
+            return v[i] if v is not None else None
+        lowering_ctx.source = source if library_products else None
         for pos, (kind, a, ops) in enumerate(plan):
             if kind == NODE:
                 lowering_ctx.node = a

@@ -26,6 +26,7 @@ class Strategy:
     donates = True
     persistable = True  # its executables may be stored in the persistent cache
     execute_metric = "ExecuteTime"
+    library_products = False  # its programs may call the platform's product handler (one device)
 
     def jit_options(self, graph: Graph, args) -> dict:
         """Extra `jax.jit` arguments for this graph."""
@@ -50,6 +51,7 @@ class Strategy:
 
 class Local(Strategy):
     name = "local"
+    library_products = True
 
 
 class Replicated(Strategy):
@@ -112,6 +114,7 @@ class Replicated(Strategy):
 
 class Spmd(Local):
     persistable = False
+    library_products = False
     execute_metric = "ExecuteReplicatedTime"
 
     @property

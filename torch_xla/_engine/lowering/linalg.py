@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from . import blas_cpu
 from .table import matmul_precision, lowering, out_dtype, out_shape
 
 _HALF = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
@@ -26,6 +27,8 @@ def _pet(*xs):
 
 
 def _matmul(a, b, wide: bool = False):
+    if blas_cpu.applies(a, b):
+        return blas_cpu.matmul(a, b)
     # A half-precision product is a half-precision dot: XLA accumulates it in float32 and
     # rounds once, as PyTorch's CPU kernels do; `wide` keeps the float32 result for a sum
     # that follows (addmm's bias), so that it is rounded once too.

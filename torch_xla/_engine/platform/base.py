@@ -18,6 +18,10 @@ class Policy:
         """The index of the device of replica `global_ordinal` (its `xla:<index>`)."""
         return global_ordinal if self.ordinal_device_index else 0
 
+    def library_products(self) -> bool:
+        """Whether float32 matrix products may call a library handler (lowering/blas_cpu.py)."""
+        return False
+
     def compiler_options(self, ops: Iterable[Tuple[str, tuple]]) -> dict:
         """XLA options for one program; `ops` yields (op name, first output aval)."""
         return {}

@@ -6,7 +6,7 @@ from typing import Iterable, Optional, Tuple
 import numpy as np
 
 from .. import env_vars
-from . import host_memory
+from . import cpu_blas, host_memory
 from .base import Policy
 
 _BIG_BMM_BYTES = 16 << 20
@@ -82,6 +82,10 @@ class CpuPolicy(Policy):
 
     def compiler_options(self, ops):
         return compiler_options(ops)
+
+    def library_products(self) -> bool:
+        # PyTorch's BLAS for float32 products (platform/cpu_blas.py; BENCHMARKS.md, issue 35)
+        return cpu_blas.available()
 
     def quick_compiler_options(self, nodes: int) -> Optional[dict]:
         # XLA's fusion emitters take about half of a program's CPU compile time, and for a

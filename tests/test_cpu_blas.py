@@ -1,0 +1,147 @@
+"""float32 matrix products of CPU programs computed by PyTorch's BLAS inside the XLA
+program (platform/cpu_blas.py, lowering/blas_cpu.py): values against eager PyTorch on
+the CPU (the same BLAS, so equal bit for bit where eager's kernel is the plain product),
+every transposed form read without a copy, what stays XLA's, and the opt-out."""
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+import torch
+
+import torch_xla.core.xla_model as xm
+from torch_xla._engine import executor, ir
+from torch_xla._engine.executor.compile import platform_policy
+from torch_xla._engine.executor.lower import build_fn
+from torch_xla._engine.lowering import blas_cpu
+from torch_xla._engine.platform import cpu_blas
+from torch_xla._engine.tensor import pending
+
+from helpers import XLA, assert_same
+
+def _program_text(*outs) -> str:
+    """The StableHLO of the pending values' program as the CPU executor lowers it."""
+    del outs  # kept alive as roots
+    roots = [(s.node, s.idx) for s in pending.take_live() if type(s.node) is not ir.DeviceData]
+    graph = executor.Graph(roots)
+    fn = build_fn(graph, True, library_products=True)
+    return jax.jit(fn, keep_unused=True).lower(*graph.param_values()).as_text()
+
+
+def _calls(text: str):
+    """(trans_a, trans_b) of each call of the handler in `text`."""
+    out = []
+    for line in text.splitlines():
+        if blas_cpu.TARGET in line:
+            out.append(("trans_a = true" in line, "trans_b = true" in line))
+    return out
+
+
+def test_handler_is_built_and_registered():
+    # The package builds its native part with setup.py; this machine has a compiler and
+    # PyTorch's MKL, so the CPU platform must use it.
+    assert cpu_blas.available()
+    assert platform_policy().library_products()
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+def test_mm_transposed_forms_equal_eager(ta, tb):
+    torch.manual_seed(0)
+    a = torch.randn(96, 160) if not ta else torch.randn(160, 96)
+    b = torch.randn(160, 112) if not tb else torch.randn(112, 160)
+    op_a = (lambda t: t.t()) if ta else (lambda t: t)
+    op_b = (lambda t: t.t()) if tb else (lambda t: t)
+    expect = op_a(a) @ op_b(b)
+    xa, xb = a.to(XLA), b.to(XLA)
+    got = torch.mm(op_a(xa), op_b(xb))
+    assert _calls(_program_text(got)) == [(ta, tb)]
+    assert torch.equal(got.cpu(), expect)
+
+
+def test_bmm_transposes_and_permutes():
+    torch.manual_seed(0)
+    p = torch.randn(12, 64, 80)
+    g = torch.randn(12, 64, 48)
+    k = torch.randn(12, 80, 48)
+    xp, xg, xk = p.to(XLA), g.to(XLA), k.to(XLA)
+    r1 = torch.bmm(xp.transpose(1, 2), xg)            # pᵀ·g (attention's dV)
+    r2 = torch.bmm(xg, xk.permute(0, 2, 1).transpose(-1, -2).transpose(1, 2))  # three swaps: one
+    r3 = torch.matmul(xp, xk)                         # a plain product
+    assert sorted(_calls(_program_text(r1, r2, r3))) == sorted([(True, False), (False, True), (False, False)])
+    assert torch.equal(r1.cpu(), torch.bmm(p.transpose(1, 2), g))
+    assert torch.equal(r2.cpu(), torch.bmm(g, k.transpose(1, 2)))
+    assert torch.equal(r3.cpu(), torch.matmul(p, k))
+
+
+def test_double_transpose_reads_the_source():
+    torch.manual_seed(0)
+    w = torch.randn(128, 96)
+    x = torch.randn(256, 128)
+    xw = w.to(XLA)
+    got = torch.mm(x.to(XLA), xw.t().t())
+    assert _calls(_program_text(got)) == [(False, False)]
+    assert torch.equal(got.cpu(), x @ w)
+
+
+def test_addmm_baddbmm_and_4d_matmul():
+    torch.manual_seed(0)
+    bias = torch.randn(72)
+    x = torch.randn(128, 96)
+    w = torch.randn(72, 96)
+    q = torch.randn(2, 4, 64, 32)
+    kk = torch.randn(2, 4, 64, 32)
+    base = torch.randn(8, 64, 64)
+    # addmm's bias is added after the product here, inside the BLAS call on the CPU
+    assert_same(torch.nn.functional.linear(x.to(XLA), w.to(XLA), bias.to(XLA)), torch.nn.functional.linear(x, w, bias),
+                rtol=1e-5, atol=1e-5)
+    assert_same(torch.matmul(q.to(XLA), kk.to(XLA).transpose(-1, -2)), torch.matmul(q, kk.transpose(-1, -2)),
+                rtol=1e-6, atol=1e-6)
+    got = torch.baddbmm(base.to(XLA), q.reshape(8, 64, 32).to(XLA), kk.reshape(8, 64, 32).to(XLA).transpose(1, 2),
+                        beta=0.5, alpha=2.0)
+    assert_same(got, torch.baddbmm(base, q.reshape(8, 64, 32), kk.reshape(8, 64, 32).transpose(1, 2), beta=0.5,
+                                   alpha=2.0), rtol=1e-6, atol=1e-5)
+
+
+def test_linear_training_gradients_equal_eager():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(192, 256, bias=False)
+    lx = torch.nn.Linear(192, 256, bias=False).to(XLA)
+    lx.load_state_dict(lin.state_dict())
+    inp = torch.randn(4, 128, 192, requires_grad=True)
+    ix = inp.detach().to(XLA).requires_grad_()
+    (lin(inp).tanh() ** 2).sum().backward()
+    (lx(ix).tanh() ** 2).sum().backward()
+    xm.mark_step()
+    assert_same(ix.grad, inp.grad, rtol=1e-5, atol=1e-6)
+    assert_same(lx.weight.grad, lin.weight.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_what_stays_xla():
+    torch.manual_seed(0)
+    small = torch.mm(torch.randn(8, 8).to(XLA), torch.randn(8, 8).to(XLA))          # below the size
+    f64 = torch.mm(torch.randn(128, 128, dtype=torch.float64).to(XLA), torch.randn(128, 128, dtype=torch.float64).to(XLA))
+    bf = torch.mm(torch.randn(128, 128).bfloat16().to(XLA), torch.randn(128, 128).bfloat16().to(XLA))
+    mv = torch.mv(torch.randn(512, 512).to(XLA), torch.randn(512).to(XLA))                # not a matrix product
+    assert _calls(_program_text(small, f64, bf, mv)) == []
+    xm.mark_step()
+
+
+def test_empty_products():
+    z = torch.mm(torch.randn(0, 5).to(XLA), torch.randn(5, 7).to(XLA))
+    k0 = torch.mm(torch.randn(2048, 0).to(XLA), torch.randn(0, 1024).to(XLA))
+    assert z.cpu().shape == (0, 7)
+    assert torch.equal(k0.cpu(), torch.zeros(2048, 1024))
+
+
+def test_opt_out_computes_with_xla():
+    code = ("import torch, torch_xla\n"
+            "from torch_xla._engine.platform import cpu_blas\n"
+            "assert not cpu_blas.available()\n"
+            "a, b = torch.randn(256, 384), torch.randn(384, 128)\n"
+            "d = (torch.mm(a.to('xla'), b.to('xla')).cpu() - a @ b).abs().max().item()\n"
+            "assert d < 1e-3, d\n"
+            "print('ok')\n")
+    env = dict(os.environ, PT_XLA_CPU_BLAS="0", PJRT_DEVICE="CPU")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]

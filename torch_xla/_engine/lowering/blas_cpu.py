@@ -1,0 +1,74 @@
+"""float32 matrix products as calls of the CPU platform's BLAS handler (platform/cpu_blas.py).
+
+Used by `linalg`'s products when the platform asks for it (`ctx.library_products`: the
+executor's single-device programs on CPU) and the product is large enough. The handler
+reads an operand transposed where that operand is a transpose node of the graph (`t`,
+`transpose`, `permute` swapping the last two dimensions): it gets the transpose's source
+and a flag, so neither a weight gradient `gᵀ·x` nor attention's `pᵀ·g` copies its operand.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..platform.cpu_blas import TARGET
+from .table import ctx
+
+# Products of fewer multiply-adds stay XLA's (fused with their neighbours, no call).
+_MIN_WORK = 1 << 20
+_PRODUCTS = {"aten::mm": (0, 1), "aten::bmm": (0, 1), "aten::addmm": (1, 2), "aten::baddbmm": (1, 2)}
+
+
+def applies(a, b) -> bool:
+    """Whether the product a @ b of this node goes to the handler."""
+    if not ctx.library_products or a.dtype != jnp.float32 or b.dtype != jnp.float32:
+        return False
+    if a.ndim < 2 or a.ndim != b.ndim or a.shape[:-2] != b.shape[:-2] or a.shape[-1] != b.shape[-2]:
+        return False
+    return int(np.prod(a.shape)) * b.shape[-1] >= _MIN_WORK
+
+
+def _swaps_last_two(node) -> bool:
+    op, nd = node.op, len(node.avals[0][0])
+    if nd < 2:
+        return False
+    if op == "aten::t_copy":
+        return nd == 2
+    if op.startswith("aten::transpose_copy"):
+        d0, d1 = node.args[1], node.args[2]
+        return isinstance(d0, int) and isinstance(d1, int) and {d0 % nd, d1 % nd} == {nd - 2, nd - 1}
+    if op.startswith("aten::permute_copy"):
+        dims = node.args[1]
+        return (all(isinstance(d, int) for d in dims)
+                and [d % nd for d in dims] == list(range(nd - 2)) + [nd - 1, nd - 2])
+    return False
+
+
+def _resolved(operand, value):
+    """(value, transposed): `operand` (a (node, index) of the product's node, whose value is
+    `value`) read through the transposes of its last two dimensions this program computed
+    the sources of; `transposed` when their number is odd."""
+    node, flip = operand[0], False
+    while ctx.source is not None and hasattr(node, "op") and _swaps_last_two(node):
+        v = ctx.source(*node.operands[0])
+        if v is None or getattr(v, "dtype", None) != jnp.float32 or v.shape[:-2] != value.shape[:-2]:
+            break
+        value, flip, node = v, not flip, node.operands[0][0]
+    return value, flip
+
+
+def matmul(a, b):
+    """a @ b (equal batch dimensions) computed by the handler."""
+    ta = tb = False
+    node = ctx.node
+    pos = _PRODUCTS.get(getattr(node, "op", None))
+    if pos is not None:
+        refs = [node.args[p] for p in pos]
+        if all(isinstance(r, tuple) and len(r) == 2 and r[0] == "%" for r in refs):
+            a, ta = _resolved(node.operands[refs[0][1]], a)
+            b, tb = _resolved(node.operands[refs[1][1]], b)
+    m = a.shape[-1] if ta else a.shape[-2]
+    n = b.shape[-2] if tb else b.shape[-1]
+    out = jax.ShapeDtypeStruct(a.shape[:-2] + (m, n), jnp.float32)
+    return jax.ffi.ffi_call(TARGET, out)(a, b, trans_a=ta, trans_b=tb)
