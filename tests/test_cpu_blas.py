@@ -145,3 +145,52 @@ def test_opt_out_computes_with_xla():
     env = dict(os.environ, PT_XLA_CPU_BLAS="0", PJRT_DEVICE="CPU")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
+
+
+def test_product_gradients_to_second_order():
+    # A lowering may take jax.vjp of a forward holding such products (conv_cpu's patch
+    # products, backward lowerings): each gradient is again a product, to any order.
+    import numpy as np
+    cpu_blas.available()
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((48, 64)).astype(np.float32)
+    b = rng.standard_normal((64, 40)).astype(np.float32)
+    for ta, tb in [(False, False), (False, True), (True, False), (True, True)]:
+        aa = a.T.copy() if ta else a
+        bb = b.T.copy() if tb else b
+
+        def f(x, y, prod):
+            return (prod(x, y) ** 2).sum()
+
+        def ours(x, y, ta=ta, tb=tb):
+            return blas_cpu._product(x, y, ta, tb)
+
+        def ref(x, y, ta=ta, tb=tb):
+            return (x.T if ta else x) @ (y.T if tb else y)
+
+        def g1(prod):
+            return jax.grad(lambda x, y: f(x, y, prod), argnums=(0, 1))
+
+        def g2(prod):
+            return jax.grad(lambda x, y: sum(t.sum() for t in g1(prod)(x, y)) * 1.0, argnums=(0, 1))
+        for got, want in zip(jax.jit(g1(ours))(aa, bb) + jax.jit(g2(ours))(aa, bb),
+                             g1(ref)(aa, bb) + g2(ref)(aa, bb)):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-4, atol=2e-3)
+
+
+def test_convolution_patch_product_and_gradients():
+    # On CPU a convolution is its weights times the patch matrix (conv_cpu), a product the
+    # handler computes, forward and backward
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(16, 32, 3, padding=1)
+    cx = torch.nn.Conv2d(16, 32, 3, padding=1).to(XLA)
+    cx.load_state_dict(conv.state_dict())
+    x = torch.randn(8, 16, 24, 24, requires_grad=True)
+    xx = x.detach().to(XLA).requires_grad_()
+    out = cx(xx)
+    assert len(_calls(_program_text(out))) == 1
+    (conv(x) ** 2).sum().backward()
+    (out ** 2).sum().backward()
+    xm.mark_step()
+    assert_same(xx.grad, x.grad, rtol=1e-5, atol=1e-4)
+    assert_same(cx.weight.grad, conv.weight.grad, rtol=1e-5, atol=1e-3)

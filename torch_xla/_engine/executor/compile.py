@@ -69,7 +69,8 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple, metric: str = "Co
     library_products = strategy.library_products and not graph.has_collective and pol.library_products()
     pkey = None
     if persistent.enabled() and strategy.persistable:
-        pkey = persistent.key(graph, tuple(donate))
+        # the products' lowering is part of the program: a cached one calls the handler or not
+        pkey = persistent.key(graph, (tuple(donate), library_products))
         if pkey is not None:
             hit = persistent.load(pkey)
             if hit is not None:
