@@ -194,3 +194,16 @@ def test_convolution_patch_product_and_gradients():
     xm.mark_step()
     assert_same(xx.grad, x.grad, rtol=1e-5, atol=1e-4)
     assert_same(cx.weight.grad, conv.weight.grad, rtol=1e-5, atol=1e-3)
+
+
+def test_capsules_survive_jax_changing_pythonapi_prototypes():
+    # jax.ffi.pycapsule sets argtypes on ctypes.pythonapi.PyCapsule_New, which every
+    # library of the process shares; the engine's DLPack imports (tensors on xla:N, N > 0)
+    # and the handler's registration use prototypes of their own.
+    import ctypes
+    from torch_xla._engine import tensor as engine_tensor
+    jax.ffi.pycapsule(ctypes.cast(ctypes.pythonapi.Py_IncRef, ctypes.c_void_p).value)
+    assert ctypes.pythonapi.PyCapsule_New.argtypes[2] is not ctypes.c_void_p
+    buf = ctypes.create_string_buffer(8)
+    cap = engine_tensor._capsule_new(ctypes.addressof(buf), b"probe", None)
+    assert engine_tensor._capsule_pointer(cap, b"probe") == ctypes.addressof(buf)

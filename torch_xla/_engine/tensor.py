@@ -185,15 +185,13 @@ class _DLManagedTensor(ctypes.Structure):
 
 
 _DL_EXT_DEV = 12   # DLPack's device type of an extension device: PyTorch's PrivateUse1
-_capsule_new = ctypes.pythonapi.PyCapsule_New
-_capsule_new.restype = ctypes.py_object
-_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-_capsule_pointer.restype = ctypes.c_void_p
-_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_raw_malloc = ctypes.pythonapi.PyMem_RawMalloc
-_raw_malloc.restype = ctypes.c_void_p
-_raw_malloc.argtypes = [ctypes.c_size_t]
+# Prototypes of our own: `ctypes.pythonapi`'s function objects are shared with every
+# library of the process, which may set other argtypes on them (jax.ffi.pycapsule does).
+_capsule_new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)(
+    ("PyCapsule_New", ctypes.pythonapi))
+_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
+_raw_malloc = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t)(("PyMem_RawMalloc", ctypes.pythonapi))
 _DL_DTYPES = {}
 
 

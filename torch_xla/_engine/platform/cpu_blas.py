@@ -21,6 +21,9 @@ import os
 from .. import patches
 
 TARGET = "torch_xla_cpu_matmul_f32"
+# A prototype of our own (jax.ffi.pycapsule sets argtypes on ctypes.pythonapi's shared one)
+_capsule_new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)(
+    ("PyCapsule_New", ctypes.pythonapi))
 
 
 def available() -> bool:
@@ -52,5 +55,6 @@ def register() -> bool:
     lib = ctypes.CDLL(native.__file__)
     lib.torch_xla_cpu_blas_set.argtypes = (ctypes.c_void_p, ctypes.c_void_p)
     lib.torch_xla_cpu_blas_set(*blas)
-    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.TorchXlaCpuMatMulF32), platform="cpu")
+    handler = _capsule_new(ctypes.cast(lib.TorchXlaCpuMatMulF32, ctypes.c_void_p), None, None)
+    jax.ffi.register_ffi_target(TARGET, handler, platform="cpu")
     return True
