@@ -178,24 +178,6 @@ def test_product_gradients_to_second_order():
             np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-4, atol=2e-3)
 
 
-def test_convolution_patch_product_and_gradients():
-    # On CPU a convolution is its weights times the patch matrix (conv_cpu), a product the
-    # handler computes, forward and backward
-    torch.manual_seed(0)
-    conv = torch.nn.Conv2d(16, 32, 3, padding=1)
-    cx = torch.nn.Conv2d(16, 32, 3, padding=1).to(XLA)
-    cx.load_state_dict(conv.state_dict())
-    x = torch.randn(8, 16, 24, 24, requires_grad=True)
-    xx = x.detach().to(XLA).requires_grad_()
-    out = cx(xx)
-    assert len(_calls(_program_text(out))) == 1
-    (conv(x) ** 2).sum().backward()
-    (out ** 2).sum().backward()
-    xm.mark_step()
-    assert_same(xx.grad, x.grad, rtol=1e-5, atol=1e-4)
-    assert_same(cx.weight.grad, conv.weight.grad, rtol=1e-5, atol=1e-3)
-
-
 def test_capsules_survive_jax_changing_pythonapi_prototypes():
     # jax.ffi.pycapsule sets argtypes on ctypes.pythonapi.PyCapsule_New, which every
     # library of the process shares; the engine's DLPack imports (tensors on xla:N, N > 0)

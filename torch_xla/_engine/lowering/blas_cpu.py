@@ -106,6 +106,3 @@ def _product_bwd(ta, tb, res, g):
 _product.defvjp(_product_fwd, _product_bwd)
 
 
-def dot(a, b):
-    """a @ b by the handler (differentiable)."""
-    return _product(a, b, False, False)

@@ -21,7 +21,6 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import blas_cpu
 from .table import matmul_precision
 
 # Patch matrices above this stay with XLA's convolution (memory; Eigen does well on
@@ -97,8 +96,9 @@ def conv_im2col(x, w, stride, padding, dilation):
     out = _out_sizes(x.shape, k, stride, padding, dilation)
     xp = jnp.pad(jnp.swapaxes(x, 0, 1), ((0, 0), (0, 0)) + tuple((p, p) for p in padding))
     pt = _patches(xp, k, out, stride, dilation).reshape((c * math.prod(k), n * math.prod(out)))
-    wm = w.reshape((o, c * math.prod(k)))
-    y = blas_cpu.dot(wm, pt) if blas_cpu.applies(wm, pt) else jnp.matmul(wm, pt, precision=matmul_precision())
+    # XLA's product: the handler's (lowering/blas_cpu.py) measured no faster here
+    # (BENCHMARKS.md, issue 35, sixth session)
+    y = jnp.matmul(w.reshape((o, c * math.prod(k))), pt, precision=matmul_precision())
     return jnp.swapaxes(y.reshape((o, n) + out), 0, 1)
 
 
