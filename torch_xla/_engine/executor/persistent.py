@@ -157,8 +157,7 @@ def _env() -> str:
                 if f.endswith(".py"):
                     with open(os.path.join(root, f), "rb") as fh:
                         h.update(f.encode() + fh.read())
-        for v in ("XLA_FLAGS", "XLA_USE_BF16", "XLA_DOWNCAST_BF16", "XLA_NO_SPECIAL_SCALARS", "XLA_CHECK_INDICES",
-                  "PT_XLA_CPU_BLAS"):
+        for v in ("XLA_FLAGS", "XLA_USE_BF16", "XLA_DOWNCAST_BF16", "XLA_NO_SPECIAL_SCALARS", "XLA_CHECK_INDICES"):
             h.update(f"{v}={env_vars.raw(v) or ''}".encode())
         h.update(f"{jax.__version__}/{jaxlib.__version__}/{pjrt.platform()}".encode())
         _cache.env = h.hexdigest()

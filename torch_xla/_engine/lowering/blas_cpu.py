@@ -106,5 +106,3 @@ def _product_bwd(ta, tb, res, g):
 
 
 _product.defvjp(_product_fwd, _product_bwd)
-
-

@@ -19,11 +19,9 @@ import importlib
 import os
 
 from .. import patches
+from ..tensor import _capsule_new   # the engine's own prototype (not ctypes.pythonapi's shared one)
 
 TARGET = "torch_xla_cpu_matmul_f32"
-# A prototype of our own (jax.ffi.pycapsule sets argtypes on ctypes.pythonapi's shared one)
-_capsule_new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)(
-    ("PyCapsule_New", ctypes.pythonapi))
 
 
 def available() -> bool:

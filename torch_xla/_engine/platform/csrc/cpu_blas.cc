@@ -5,7 +5,7 @@
 // One call computes C = op(A) op(B) for row-major operands, batched over the leading
 // dimensions when there are any: op(X) is X or its transpose (`trans_a`, `trans_b`), so
 // a product of a transposed view reads the view's source as it is. The work is split into
-// chunks (batch items, or row blocks of a single product) that the calling thread and the
+// chunks (batch items, or row or column blocks of a single product) that the calling thread and the
 // program's intra-op threads take in turn, each computing its chunks with a single-threaded
 // BLAS call: a chunk's result does not depend on which thread computes it, so results
 // are the same from run to run.
