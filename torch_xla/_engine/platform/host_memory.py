@@ -35,6 +35,11 @@ LARGE_TEMP_BYTES = 64 << 20
 # XLA frees the temporary buffer a few ms after the outputs are ready (BENCHMARKS.md, as
 # above); past this the dispatch goes ahead rather than stall.
 _FREE_WAIT_S = 0.05
+# ... and it has mostly done so within this much after the outputs became ready. A reading
+# of the heap walks its free lists (~5 ms on a heap that keeps a step's buffers) holding the
+# heap's lock, which also holds up that free: a reading taken at once mostly had to be taken
+# twice (BENCHMARKS.md, issue 35, seventh session).
+_FREE_GRACE_S = 0.0005
 
 _M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
 
@@ -140,10 +145,13 @@ def settle(release: bool = False) -> Optional[int]:
     out, used_before, temp = _last
     _last = None
     try:
+        waited = not out.is_ready()
         out.block_until_ready()
     except Exception:  # noqa: BLE001  (its error surfaces where its value is read)
         return None
     libc = _allocator.libc
+    if waited:   # the outputs have only just become ready: the free follows shortly
+        time.sleep(_FREE_GRACE_S)
     # XLA allocates the temporary buffer on a worker thread, at or after the dispatch,
     # and frees it after the outputs are ready: it is free once the heap is back near
     # its size before the dispatch (outputs mostly replace donated inputs).
