@@ -1,5 +1,5 @@
 """Matrix products on the CPU: XLA's own against the platform's BLAS handler
-(platform/cpu_blas.py) against eager PyTorch, one process, interleaved.
+(platform/cpu_blas.py) against eager PyTorch.
 
     PJRT_DEVICE=CPU python bench/bench_products.py [--parts products,steps]
         [--models decoder8,mnist] [--rounds 20] [--steps-rounds 16]
@@ -7,8 +7,10 @@
 `products`: the float32 products of the decoder's training step (bench/models_torch.py at
 batch 8 x 256: projections forward (`x·Wᵀ`), input gradients (`g·W`), weight gradients
 (`gᵀ·x`), attention's six batched products), each as a one-product program compiled by
-XLA (a `dot_general`) and with the handler (transposed operands passed as flags), and
-eager PyTorch (2 threads); median ms (min) per product and the sums.
+XLA (a `dot_general`) and with the handler (transposed operands passed as flags),
+interleaved in this process, and eager PyTorch (2 threads) in a process of its own (its
+OpenMP threads spin after each call and would slow XLA's threads if they shared one);
+median ms (min) per product and the sums.
 `steps`: each model's whole training-step program (common.traced_step_graph) lowered twice,
 with and without the handler (`build_fn(..., library_products=)`), run alternately on the
 same buffers: median / min ms per step and process CPU ms per step.
@@ -16,10 +18,14 @@ same buffers: median / min ms per step and process CPU ms per step.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
+
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -53,40 +59,56 @@ def _timed(f, rounds):
     return out
 
 
+def _operands(rng, ls, rs):
+    return rng.standard_normal(ls, dtype=np.float32), rng.standard_normal(rs, dtype=np.float32)
+
+
+def eager_worker(rounds: int) -> None:
+    """Eager's side of `products`, in a process of its own: PyTorch's OpenMP threads keep
+    spinning for a while after each product and would slow XLA's threads in a shared
+    process (and XLA's would slow them). Prints one JSON list: [median ms, min ms] per product."""
+    import torch
+    torch.set_num_threads(2)
+    rng = np.random.default_rng(0)
+    out = []
+    for _, ls, rs, (ta, tb) in PRODUCTS:
+        a, b = (torch.from_numpy(x) for x in _operands(rng, ls, rs))
+        a = a.transpose(-1, -2) if ta else a
+        b = b.transpose(-1, -2) if tb else b
+        t = _timed(lambda: torch.matmul(a, b), rounds)
+        out.append([statistics.median(t), min(t)])
+    print(json.dumps(out))
+
+
 def products(rounds: int) -> str:
     import jax
-    import numpy as np
-    import torch
     from jax import lax
     from torch_xla._engine.lowering import blas_cpu
     from torch_xla._engine.platform import cpu_blas
     assert cpu_blas.available(), "the handler is not available (PT_XLA_CPU_BLAS=0, or no native part)"
-    torch.set_num_threads(2)
+    eager = json.loads(subprocess.run([sys.executable, os.path.abspath(__file__), "--eager-worker", "--rounds",
+                                       str(rounds)], check=True, capture_output=True, text=True).stdout.splitlines()[-1])
     rng = np.random.default_rng(0)
     rows = ["| product | XLA ms | handler ms | eager ms | XLA / eager | handler / eager |", "|---|---|---|---|---|---|"]
     sums = [0.0, 0.0, 0.0]
-    for name, ls, rs, (ta, tb) in PRODUCTS:
-        a = rng.standard_normal(ls, dtype=np.float32)
-        b = rng.standard_normal(rs, dtype=np.float32)
+    for (name, ls, rs, (ta, tb)), (e_med, e_min) in zip(PRODUCTS, eager):
+        a, b = _operands(rng, ls, rs)
         nb = len(ls) - 2
         batch = (tuple(range(nb)), tuple(range(nb)))
         dn = (((nb if ta else nb + 1,), (nb + 1 if tb else nb,)), batch)
         xla = jax.jit(lambda x, y, dn=dn: lax.dot_general(x, y, dn, precision=lax.Precision.HIGHEST))
         lib = jax.jit(lambda x, y, ta=ta, tb=tb: blas_cpu._product(x, y, ta, tb))
-        ja, jb = jax.numpy.asarray(a), jax.numpy.asarray(b)
-        ta_, tb_ = torch.from_numpy(a), torch.from_numpy(b)
-        op_a = (lambda t: t.transpose(-1, -2)) if ta else (lambda t: t)
-        op_b = (lambda t: t.transpose(-1, -2)) if tb else (lambda t: t)
-        fs = [lambda: xla(ja, jb).block_until_ready(), lambda: lib(ja, jb).block_until_ready(),
-              lambda: torch.matmul(op_a(ta_), op_b(tb_))]
-        times = [[], [], []]
+        ja, jb = jax.device_put(a), jax.device_put(b)
+        fs = [lambda: xla(ja, jb).block_until_ready(), lambda: lib(ja, jb).block_until_ready()]
+        times = [[], []]
         for _ in range(rounds):   # interleaved
             for i, f in enumerate(fs):
                 times[i] += _timed(f, 1)
-        med = [statistics.median(t) for t in times]
+        med = [statistics.median(t) for t in times] + [e_med]
+        mins = [min(t) for t in times] + [e_min]
         sums = [s + m for s, m in zip(sums, med)]
-        rows.append(f"| {name} | {med[0]:.2f} ({min(times[0]):.2f}) | {med[1]:.2f} ({min(times[1]):.2f}) | "
-                    f"{med[2]:.2f} ({min(times[2]):.2f}) | {med[0] / med[2]:.2f} | {med[1] / med[2]:.2f} |")
+        rows.append(f"| {name} | {med[0]:.2f} ({mins[0]:.2f}) | {med[1]:.2f} ({mins[1]:.2f}) | "
+                    f"{med[2]:.2f} ({mins[2]:.2f}) | {med[0] / med[2]:.2f} | {med[1] / med[2]:.2f} |")
     rows.append(f"| sum of medians | {sums[0]:.1f} | {sums[1]:.1f} | {sums[2]:.1f} | {sums[0] / sums[2]:.2f} | "
                 f"{sums[1] / sums[2]:.2f} |")
     return "\n".join(rows)
@@ -132,7 +154,10 @@ def main(argv=None):
     p.add_argument("--models", default="decoder8,mnist")
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--steps-rounds", type=int, default=16)
+    p.add_argument("--eager-worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.eager_worker:
+        return eager_worker(args.rounds)
     parts = args.parts.split(",")
     print(f"`PJRT_DEVICE=CPU python bench/bench_products.py --parts {args.parts} --models {args.models} "
           f"--rounds {args.rounds} --steps-rounds {args.steps_rounds}`\n")
