@@ -103,6 +103,25 @@ def test_addmm_baddbmm_and_4d_matmul():
                                    alpha=2.0), rtol=1e-6, atol=1e-5)
 
 
+def test_4d_attention_products_read_transposes_behind_reshapes():
+    # q·kᵀ of 4-D tensors reaches bmm as a view of an expand of kᵀ; its backward
+    # transposes those views again: every operand is read through them with flags.
+    torch.manual_seed(0)
+    q = torch.randn(2, 8, 256, 32, requires_grad=True)
+    k = torch.randn(2, 8, 256, 32, requires_grad=True)
+    g = torch.randn(2, 8, 256, 256)
+    xq, xk = (t.detach().to(XLA).requires_grad_() for t in (q, k))
+    s = torch.matmul(xq, xk.transpose(-1, -2))
+    (s * g.to(XLA)).sum().backward()
+    calls = _calls(_program_text(s, xq.grad, xk.grad))
+    assert len(calls) == 3 and calls[0] == (False, True), calls
+    expect = torch.matmul(q, k.transpose(-1, -2))
+    (expect * g).sum().backward()
+    assert torch.equal(s.detach().cpu(), expect.detach())
+    assert_same(xq.grad, q.grad, rtol=1e-6, atol=1e-5)
+    assert_same(xk.grad, k.grad, rtol=1e-6, atol=1e-5)
+
+
 def test_linear_training_gradients_equal_eager():
     torch.manual_seed(0)
     lin = torch.nn.Linear(192, 256, bias=False)

@@ -3,8 +3,10 @@
 Used by `linalg`'s products when the platform asks for it (`ctx.library_products`: the
 executor's single-device programs on CPU) and the product is large enough. The handler
 reads an operand transposed where that operand is a transpose node of the graph (`t`,
-`transpose`, `permute` swapping the last two dimensions): it gets the transpose's source
-and a flag, so neither a weight gradient `gᵀ·x` nor attention's `pᵀ·g` copies its operand.
+`transpose`, `permute` swapping the last two dimensions), also behind reshapes of the
+leading dimensions (a 4-D `q @ k.transpose(-1, -2)` reaches `bmm` as a view of an expand
+of the transpose): it gets the transpose's source and a flag, so neither a weight gradient
+`gᵀ·x` nor attention's `kᵀ` and `pᵀ·g` copies its operand.
 """
 from __future__ import annotations
 
@@ -49,16 +51,43 @@ def _swaps_last_two(node) -> bool:
     return False
 
 
+def _shape_of(operand) -> tuple:
+    node, idx = operand
+    return tuple(node.avals[idx][0])
+
+
+def _leading_only(node) -> bool:
+    """A node that leaves the last two dimensions as they are and only reshapes the leading
+    ones, or copies its operand as it is: a 4-D `matmul` reaches `bmm` through
+    `expand` (to the same shape) and `view` (batch dimensions merged)."""
+    op = node.op
+    if not (op.startswith("aten::view_copy") or op == "aten::_unsafe_view" or op.startswith("aten::expand_copy")):
+        return False
+    out, src = tuple(node.avals[0][0]), _shape_of(node.operands[0])
+    if op.startswith("aten::expand_copy"):
+        return out == src
+    return len(out) >= 2 and len(src) >= 2 and out[-2:] == src[-2:]
+
+
 def _resolved(operand, value):
     """(value, transposed): `operand` (a (node, index) of the product's node, whose value is
     `value`) read through the transposes of its last two dimensions this program computed
-    the sources of; `transposed` when their number is odd."""
+    the sources of, and through reshapes of the leading dimensions between them (a
+    transpose's source is then reshaped alike: row-major, a bitcast); `transposed` when
+    their number is odd."""
     node, flip = operand[0], False
-    while ctx.source is not None and hasattr(node, "op") and _swaps_last_two(node):
-        v = ctx.source(*node.operands[0])
-        if v is None or getattr(v, "dtype", None) != jnp.float32 or v.shape[:-2] != value.shape[:-2]:
+    while ctx.source is not None and hasattr(node, "op"):
+        swap = node
+        while hasattr(swap, "op") and not _swaps_last_two(swap) and _leading_only(swap):
+            swap = swap.operands[0][0]
+        if not (hasattr(swap, "op") and _swaps_last_two(swap)):
             break
-        value, flip, node = v, not flip, node.operands[0][0]
+        v = ctx.source(*swap.operands[0])
+        shape = value.shape[:-2] + (value.shape[-1], value.shape[-2])
+        if (v is None or getattr(v, "dtype", None) != jnp.float32 or v.shape[-2:] != shape[-2:]
+                or int(np.prod(v.shape[:-2])) != int(np.prod(shape[:-2]))):
+            break
+        value, flip, node = (v if v.shape == shape else v.reshape(shape)), not flip, swap.operands[0][0]
     return value, flip
 
 
