@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..platform.cpu_blas import TARGET
+from . import shape_ops
 from .table import ctx
 
 # Products of fewer multiply-adds stay XLA's: fused with their neighbours, and a program
@@ -61,10 +62,10 @@ def _leading_only(node) -> bool:
     ones, or copies its operand as it is: a 4-D `matmul` reaches `bmm` through
     `expand` (to the same shape) and `view` (batch dimensions merged)."""
     op = node.op
-    if not (op.startswith("aten::view_copy") or op == "aten::_unsafe_view" or op.startswith("aten::expand_copy")):
+    if op not in shape_ops.RESHAPE_OPS and op not in shape_ops.EXPAND_OPS:
         return False
     out, src = tuple(node.avals[0][0]), _shape_of(node.operands[0])
-    if op.startswith("aten::expand_copy"):
+    if op in shape_ops.EXPAND_OPS:
         return out == src
     return len(out) >= 2 and len(src) >= 2 and out[-2:] == src[-2:]
 

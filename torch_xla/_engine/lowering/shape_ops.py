@@ -14,8 +14,14 @@ def _dim(d, n):
     return d + n if d < 0 else d
 
 
-@lowering("aten::view", "aten::view_copy", "aten::_unsafe_view", "aten::reshape", "aten::_reshape_alias",
-          "aten::_reshape_alias_copy", "aten::_reshape_copy")
+# The ops lowered as a row-major reshape, and as a broadcast to a shape (lowering/blas_cpu.py
+# reads transposes through them).
+RESHAPE_OPS = ("aten::view", "aten::view_copy", "aten::_unsafe_view", "aten::reshape", "aten::_reshape_alias",
+               "aten::_reshape_alias_copy", "aten::_reshape_copy")
+EXPAND_OPS = ("aten::expand", "aten::expand_copy")
+
+
+@lowering(*RESHAPE_OPS)
 def view(x, *args):
     return jnp.reshape(x, out_shape())
 
@@ -73,7 +79,7 @@ def t(x):
     return x.T if x.ndim == 2 else x
 
 
-@lowering("aten::expand", "aten::expand_copy")
+@lowering(*EXPAND_OPS)
 def expand(x, size, implicit=False):
     return jnp.broadcast_to(x, out_shape())
 
