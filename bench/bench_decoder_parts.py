@@ -133,9 +133,11 @@ def _compile(graph):
     from torch_xla._engine.executor.compile import platform_policy
     from torch_xla._engine.executor.lower import build_fn
     pol = platform_policy()
-    fn = build_fn(graph, pol.patch_convolutions, checks=True, widen_int4_dots=pol.widen_int4_dots)
+    blas = pol.library_products()
+    fn = build_fn(graph, pol.patch_convolutions, checks=True, widen_int4_dots=pol.widen_int4_dots,
+                  library_products=blas)
     return jax.jit(fn, keep_unused=True).lower(*graph.param_values()).compile(
-        compiler_options=pol.compiler_options(graph.op_avals()))
+        compiler_options=pol.compiler_options(graph.op_avals(), blas))
 
 
 def _worker(args) -> None:

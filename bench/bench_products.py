@@ -127,10 +127,11 @@ def steps(models, rounds: int) -> str:
         graph, params = common.traced_step_graph(wl)
         exes, calls = {}, 0
         for on in (False, True):
+            blas = on and pol.library_products()
             fn = build_fn(graph, pol.patch_convolutions, checks=True, widen_int4_dots=pol.widen_int4_dots,
-                          library_products=on and pol.library_products())
+                          library_products=blas)
             exes[on] = jax.jit(fn, keep_unused=True).lower(*params).compile(
-                compiler_options=pol.compiler_options(graph.op_avals()))
+                compiler_options=pol.compiler_options(graph.op_avals(), blas))
             if on:
                 calls = exes[on].as_text().count("custom_call_target=\"torch_xla_cpu_matmul_f32\"")
             jax.block_until_ready(exes[on](*params))

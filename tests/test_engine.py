@@ -401,8 +401,9 @@ def test_none_outputs_of_backward_ops():
 
 def test_attention_sized_batched_matmul_compiles_without_ynnpack_fusions(monkeypatch):
     # The CPU policy's compiler_options: without AVX-512, programs with a large batched
-    # matrix product are compiled without XLA:CPU's YNNPACK fusions (measured faster);
-    # with it they keep them. Values stay the CPU's either way.
+    # matrix product that XLA computes are compiled without XLA:CPU's YNNPACK fusions
+    # (measured faster); with AVX-512, or when the BLAS handler computes the (float32)
+    # product, they keep them. Values stay the CPU's either way.
     from torch_xla._engine import executor, ir
     from torch_xla._engine.platform import cpu
     from torch_xla._engine.tensor import pending
@@ -414,6 +415,7 @@ def test_attention_sized_batched_matmul_compiles_without_ynnpack_fusions(monkeyp
     if "xla_cpu_experimental_ynn_fusion_type" not in os.environ.get("XLA_FLAGS", ""):
         monkeypatch.setattr(cpu, "_HOST_CPU_FLAGS", frozenset({"avx2", "fma"}))
         assert cpu.compiler_options(graph.op_avals()) == {"xla_cpu_experimental_ynn_fusion_type": ""}
+        assert cpu.compiler_options(graph.op_avals(), library_products=True) == {}
         monkeypatch.setattr(cpu, "_HOST_CPU_FLAGS", frozenset({"avx2", "fma", "avx512f"}))
         assert cpu.compiler_options(graph.op_avals()) == {}
         monkeypatch.undo()

@@ -86,7 +86,7 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple, metric: str = "Co
              if env_vars.get("XLA_TIERED_COMPILE") and pkey is None else None)
     hits = persistent.jax_cache_hits()
     with telemetry.timed(metric):
-        opts = pol.compiler_options(graph.op_avals())
+        opts = pol.compiler_options(graph.op_avals(), library_products)
         first = {**opts, **quick} if quick else opts
 
         def build(jit_options: dict):

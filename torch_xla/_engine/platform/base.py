@@ -22,8 +22,9 @@ class Policy:
         """Whether float32 matrix products may call a library handler (lowering/blas_cpu.py)."""
         return False
 
-    def compiler_options(self, ops: Iterable[Tuple[str, tuple]]) -> dict:
-        """XLA options for one program; `ops` yields (op name, first output aval)."""
+    def compiler_options(self, ops: Iterable[Tuple[str, tuple]], library_products: bool = False) -> dict:
+        """XLA options for one program; `ops` yields (op name, first output aval);
+        `library_products`: its float32 products call the library handler."""
         return {}
 
     def quick_compiler_options(self, nodes: int) -> Optional[dict]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Iterable, Optional, Tuple
 
 import numpy as np
+import torch
 
 from .. import env_vars
 from . import cpu_blas, host_memory
@@ -43,14 +44,18 @@ def prepare_process() -> None:
     host_memory.configure()
 
 
-def compiler_options(ops: Iterable[Tuple[str, tuple]]) -> dict:
+def compiler_options(ops: Iterable[Tuple[str, tuple]], library_products: bool = False) -> dict:
     """XLA options for this program beyond the process-wide XLA_FLAGS.
 
     On a CPU without AVX-512, XLA's YNNPACK fusions make attention-shaped programs
-    (batched matrix products with large outputs) slower, while they speed up convolution
-    networks: such programs compile without them. With AVX-512 they are faster for both
-    and every program keeps them. XLA_FLAGS naming the option decides alone. Figures:
-    BENCHMARKS.md, "What moved the figures", the YNNPACK entries.
+    (batched matrix products with large outputs) slower when XLA computes those products,
+    while they speed up convolution networks: such programs compile without them. With
+    `library_products` (the program's float32 products are the BLAS handler's,
+    lowering/blas_cpu.py) the fusions only take the program's reductions and elementwise
+    work, which they run on all intra-op threads, and stay on. With AVX-512 they are
+    faster for every program. XLA_FLAGS naming the option decides alone. Figures:
+    BENCHMARKS.md, "What moved the figures", the YNNPACK entries, and issue 35, eighth
+    session.
 
     XLA's other library paths stay off: in jaxlib 0.10.2 the XNNPACK options compile the
     same code, and oneDNN fusions (which need YNNPACK's off) made MNIST's step slower and
@@ -62,6 +67,8 @@ def compiler_options(ops: Iterable[Tuple[str, tuple]]) -> dict:
     for op, aval in ops:
         if op == "aten::bmm" or op == "aten::baddbmm":
             shape, dtype = aval
+            if library_products and dtype == torch.float32:
+                continue    # the handler's product
             if int(np.prod(shape)) * dtype.itemsize >= _BIG_BMM_BYTES:
                 return {_YNN_OPTION: ""}
     return {}
@@ -80,8 +87,8 @@ class CpuPolicy(Policy):
     # one device, which keeps that name: the replica's global ordinal.
     ordinal_device_index = True
 
-    def compiler_options(self, ops):
-        return compiler_options(ops)
+    def compiler_options(self, ops, library_products: bool = False):
+        return compiler_options(ops, library_products)
 
     def library_products(self) -> bool:
         # PyTorch's BLAS for float32 products (platform/cpu_blas.py; BENCHMARKS.md, issue 35)
