@@ -21,11 +21,13 @@ against alternatives kept here.
   offsets' strided slices, gradient compared per offset at the windows' resolution vs
   the engine's windows cut by reshape + transpose with an argmax, gradient by repeated
   flat indices (`pooling._max_windows`, `pooling._tiled_backward`).
---compare softmax (use --model decoder): softmax as exp(z) / sum(exp(z)) vs the engine's
-  exp(z - log(sum(exp(z)))), z = x - max(x) (`reductions.softmax`). XLA fuses the cheap
-  scaling of exp(z) into every consumer of the probabilities, including the backward, so
-  exp(z) stays alive next to them from the forward to the backward; an exp as the last op
-  is not duplicated, so only the probabilities are kept.
+--compare softmax (use --model decoder or decoder8): softmax as exp(z) * (1 / sum(exp(z)))
+  vs exp(z - log(sum(exp(z)))), z = x - max(x), both patched in (`reductions.softmax`
+  picks the first where the products are the BLAS handler's, the second elsewhere). XLA
+  fuses the cheap scaling of exp(z) into every consumer of the probabilities, including
+  the backward, so exp(z) stays alive next to them from the forward to the backward
+  unless a library call reads them materialized; an exp as the last op is not
+  duplicated, so only the probabilities are kept.
 
     PJRT_DEVICE=CPU python bench/bench_patches.py [--compare patches] [--model mnist] [--rounds 15]
 
@@ -297,13 +299,21 @@ def xla_input_grad_im2col(x, w, stride, padding, dilation):
     return conv(x, w)
 
 
-def divided_softmax(x, dim, half_to_float=False):
-    """`aten::_softmax` as exp(z) / sum(exp(z))."""
+def scaled_softmax(x, dim, half_to_float=False):
+    """`aten::_softmax` as exp(z) * (1 / sum(exp(z)))."""
     import jax.numpy as jnp
     from torch_xla._engine.lowering import reductions
     z, axis = reductions._softmax_parts(x, dim)
     e = jnp.exp(z)
-    return reductions._out(e / jnp.sum(e, axis=axis, keepdims=True))
+    return reductions._out(e * (1 / jnp.sum(e, axis=axis, keepdims=True)))
+
+
+def logsumexp_softmax(x, dim, half_to_float=False):
+    """`aten::_softmax` as exp(z - log(sum(exp(z))))."""
+    import jax.numpy as jnp
+    from torch_xla._engine.lowering import reductions
+    z, axis = reductions._softmax_parts(x, dim)
+    return reductions._out(jnp.exp(reductions.log_softmax_of(z, axis)))
 
 
 def main(argv=None):
@@ -311,7 +321,7 @@ def main(argv=None):
     p.add_argument("--compare", default="patches", choices=("patches", "patch-grad", "input-grad", "maxpool", "softmax",
                                                     "chunks", "patch-layout"))
     p.add_argument("--chunk", type=int, default=16, help="--compare chunks: images per slice of the batch")
-    p.add_argument("--model", default="mnist", help="mnist, resnet18 or decoder")
+    p.add_argument("--model", default="mnist", help="mnist, resnet18, decoder, or decoder8 (batch 8 x 256)")
     p.add_argument("--rounds", type=int, default=15)
     args = p.parse_args(argv)
     import torch
@@ -324,8 +334,12 @@ def main(argv=None):
     import jax.numpy as jnp
 
     torch.set_num_threads(2)
-    graph, params = common.traced_step_graph(models_torch.workload(args.model))
-    opts = policy(pjrt.platform()).compiler_options(graph.op_avals())
+    graph, params = common.traced_step_graph(models_torch.decoder_workload(8, 256) if args.model == "decoder8"
+                                             else models_torch.workload(args.model))
+    from torch_xla._engine.executor.lower import build_fn
+    pol = policy(pjrt.platform())
+    blas = pol.library_products()
+    opts = pol.compiler_options(graph.op_avals(), blas)
     global ENGINE_MAX_POOL, ENGINE_IM2COL, CHUNK_ROWS
     ENGINE_IM2COL = conv_cpu.conv_im2col
     CHUNK_ROWS = args.chunk
@@ -343,8 +357,8 @@ def main(argv=None):
                     "XLA's convolution (stride 1)": {(conv_cpu, "conv_im2col"): xla_input_grad_im2col},
                     "vjp of the patch product (engine)": {}}
     elif args.compare == "softmax":
-        variants = {"exp(z) / sum(exp(z))": {(LOWERINGS["_softmax.default"], "fn"): divided_softmax},
-                    "exp(z - logsumexp(z)) (engine)": {}}
+        variants = {"exp(z) * (1 / sum(exp(z)))": {(LOWERINGS["_softmax.default"], "fn"): scaled_softmax},
+                    "exp(z - logsumexp(z))": {(LOWERINGS["_softmax.default"], "fn"): logsumexp_softmax}}
     elif args.compare == "chunks":
         variants = {f"patch products per {args.chunk} images": {(conv_cpu, "conv_im2col"): chunked_conv_im2col},
                     "one patch product per convolution (engine)": {}}
@@ -362,7 +376,9 @@ def main(argv=None):
         try:
             for (obj, attr), impl in patches.items():
                 setattr(obj, attr, impl)
-            lowered = jax.jit(graph.build_fn(), keep_unused=True).lower(*params)
+            fn = build_fn(graph, pol.patch_convolutions, checks=True, widen_int4_dots=pol.widen_int4_dots,
+                          library_products=blas)
+            lowered = jax.jit(fn, keep_unused=True).lower(*params)
             t0 = time.perf_counter()
             exes[name] = lowered.compile(compiler_options=opts) if opts else lowered.compile()
             info[name] = (lowered.as_text().count("stablehlo."), time.perf_counter() - t0,

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from .table import lowering, out_dtype, out_shape
+from .table import ctx, lowering, out_dtype, out_shape
 
 _HALF = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
 
@@ -480,12 +480,18 @@ def _softmax_meta(op_name):
 
 @lowering("aten::_softmax", meta=_softmax_meta("_softmax"))
 def softmax(x, dim, half_to_float=False):
-    # exp(z) / sum would be cheaper, but XLA fuses that cheap scaling into every consumer
-    # of the probabilities, the backward included, so exp(z) stays alive beside them from
-    # forward to backward; an exp as the last op is not duplicated, so only the
-    # probabilities are kept (bench_patches.py --compare softmax: 256 MiB less per decoder
-    # step, same time).
+    # exp(z) / sum is cheaper (one exp per element, not two), but XLA fuses that cheap
+    # scaling into every consumer of the probabilities, the backward included, so exp(z)
+    # stays alive beside them from forward to backward; an exp as the last op is not
+    # duplicated, so only the probabilities are kept (bench_patches.py --compare softmax:
+    # 256 MiB less per decoder step, same time). Where the products are the BLAS handler's
+    # calls, which read materialized operands, the probabilities are kept either way and
+    # the scaled form is faster (the decoder's step 3.5% at batch 16 x 512; BENCHMARKS.md,
+    # issue 35, eighth session); it is also PyTorch's CPU kernel's form.
     z, axis = _softmax_parts(x, dim)
+    if ctx.library_products:
+        e = jnp.exp(z)
+        return _out(e * (1 / jnp.sum(e, axis=axis, keepdims=True)))
     return _out(jnp.exp(log_softmax_of(z, axis)))
 
 
