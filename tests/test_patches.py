@@ -47,6 +47,36 @@ def _large_block_is_mmapped():
     libc.free(p)
     return during > before
 
+def _arenas_unlimited():
+    # a new thread's first allocation makes it an arena of its own unless the arena count
+    # is limited (counted in malloc_info's report), and glibc's own limit (8 per core) lets
+    # the threads jax starts have many
+    import re, threading
+    libc = ctypes.CDLL("libc.so.6")
+    libc.open_memstream.restype = ctypes.c_void_p
+    libc.malloc_info.argtypes = (ctypes.c_int, ctypes.c_void_p)
+    libc.fclose.argtypes = (ctypes.c_void_p,)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+
+    def arenas():
+        buf, size = ctypes.c_char_p(), ctypes.c_size_t()
+        fp = libc.open_memstream(ctypes.byref(buf), ctypes.byref(size))
+        libc.malloc_info(0, fp)
+        libc.fclose(fp)
+        return len(re.findall(r"<heap nr=", buf.value.decode()))
+    def allocate_and_stay(ready, stay):
+        libc.free(libc.malloc(1024))
+        ready.set()
+        stay.wait()
+    before = arenas()
+    # the thread stays: an exiting thread's arena would be handed to the next new thread
+    ready = threading.Event()
+    threading.Thread(target=allocate_and_stay, args=(ready, threading.Event()), daemon=True).start()
+    ready.wait()
+    after = arenas()
+    return after > before or after > 2
+
 def _ffi_target_registered(name):
     from jax._src.lib import _jax
     return name in _jax.custom_call_targets("Host")

@@ -122,6 +122,14 @@ def _check_platform(jax) -> None:
             + "or set PJRT_DEVICE=CPU.") from e
 
 
+def limit_malloc_arenas() -> None:
+    """Patch `malloc_arena_limit`: at import, when the environment names the CPU platform."""
+    if (env_vars.get("PJRT_DEVICE").upper() == "CPU"
+            or (env_vars.get("JAX_PLATFORMS") or "").lower() == "cpu"):
+        from .platform import host_memory
+        host_memory.limit_arenas()
+
+
 def retain_host_memory() -> None:
     """Patch `retain_host_memory`, on the CPU platform only."""
     if (env_vars.get("JAX_PLATFORMS") or "").lower() == "cpu":

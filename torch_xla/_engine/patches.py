@@ -183,6 +183,15 @@ REGISTRY: List[Patch] = [
           "`JAX_PLATFORMS` from `PJRT_DEVICE`; on CPU, XLA's memory-minimising scheduler "
           "(`--xla_cpu_enable_concurrency_optimized_scheduler=false`) and "
           "`CPU_NUM_DEVICES` virtual devices", "_engine.boot:configure_env", JAX_START),
+    Patch("malloc_arena_limit", "glibc's allocator: one malloc arena for the threads started from then on "
+          "(`mallopt(M_ARENA_MAX, 1)`)", "import, when `PJRT_DEVICE=CPU` (or `JAX_PLATFORMS=cpu`) is set then",
+          "PT_XLA_RETAIN_HOST_MEMORY",
+          "the first part of `retain_host_memory`, before any thread allocates: a thread that allocates "
+          "earlier (PyTorch's OpenMP workers while a model is built) gets an arena of its own, glibc "
+          "then hands XLA's threads the existing arenas in turn, and a large block from a non-main "
+          "arena is mmapped and page-faulted in at every step (the decoder's step: 58,000 faults "
+          "and ~30% slower in a third of the processes)", "_engine.boot:limit_malloc_arenas", IMPORT,
+          "_arenas_unlimited()"),
     Patch("retain_host_memory", "glibc's allocator (`mallopt`: one arena, no mmap, no trim)",
           "first device use on CPU, before jax's CPU client starts", "PT_XLA_RETAIN_HOST_MEMORY",
           "XLA:CPU's large buffers would be mmapped and page-faulted in again at every step "

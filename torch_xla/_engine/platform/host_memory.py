@@ -9,7 +9,11 @@ memory kept resident on CPU*).
 
 `configure()` keeps the memory instead: one malloc arena for all threads (a non-main
 arena cannot hold more than 64 MiB), no mmap, no trimming of the heap's top. Freed
-buffers go back to the heap and the next execution reuses the same pages.
+buffers go back to the heap and the next execution reuses the same pages. The arena
+limit is taken at `import torch_xla` already when PJRT_DEVICE=CPU is set then
+(`limit_arenas`): threads that allocate before it (PyTorch's OpenMP workers while a model
+is built) would get arenas of their own, which XLA's threads, started later, are then
+given in turn.
 
 A heap that keeps what it is given holds the peak of what was live at once, so the
 executor must not let two large temporary buffers coexist: XLA allocates a program's
@@ -99,6 +103,18 @@ def configure() -> bool:
           and libc.mallopt(_M_TRIM_THRESHOLD, 2 ** 31 - 1) == 1)
     _allocator.active = ok
     return ok
+
+
+def limit_arenas() -> bool:
+    """One malloc arena for every thread from now on (the first part of `configure`, taken
+    as early as `import torch_xla`): a thread that allocates before the limit gets an arena
+    of its own, and glibc then hands the threads started later (XLA's) the existing arenas
+    in turn, whatever the limit; a large block from an arena other than the main one is
+    mmapped at every allocation. Returns whether the limit was set."""
+    if not env_vars.get("PT_XLA_RETAIN_HOST_MEMORY"):
+        return False
+    libc = _glibc()
+    return bool(libc) and libc.mallopt(_M_ARENA_MAX, 1) == 1
 
 
 def active() -> bool:
