@@ -190,7 +190,7 @@ REGISTRY: List[Patch] = [
           "earlier (PyTorch's OpenMP workers while a model is built) gets an arena of its own, glibc "
           "then hands XLA's threads the existing arenas in turn, and a large block from a non-main "
           "arena is mmapped and page-faulted in at every step (the decoder's step: 58,000 faults "
-          "and ~30% slower in a third of the processes)", "_engine.boot:limit_malloc_arenas", IMPORT,
+          "and ~30% slower in a quarter of the processes)", "_engine.boot:limit_malloc_arenas", IMPORT,
           "_arenas_unlimited()"),
     Patch("retain_host_memory", "glibc's allocator (`mallopt`: one arena, no mmap, no trim)",
           "first device use on CPU, before jax's CPU client starts", "PT_XLA_RETAIN_HOST_MEMORY",
