@@ -301,11 +301,9 @@ def xla_input_grad_im2col(x, w, stride, padding, dilation):
 
 def scaled_softmax(x, dim, half_to_float=False):
     """`aten::_softmax` as exp(z) * (1 / sum(exp(z)))."""
-    import jax.numpy as jnp
     from torch_xla._engine.lowering import reductions
     z, axis = reductions._softmax_parts(x, dim)
-    e = jnp.exp(z)
-    return reductions._out(e * (1 / jnp.sum(e, axis=axis, keepdims=True)))
+    return reductions._out(reductions.scaled_softmax_of(z, axis))
 
 
 def logsumexp_softmax(x, dim, half_to_float=False):

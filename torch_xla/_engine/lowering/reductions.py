@@ -468,6 +468,13 @@ def log_softmax_of(z, axis):
     return z - jnp.log(jnp.sum(jnp.exp(z), axis=axis, keepdims=True))
 
 
+def scaled_softmax_of(z, axis):
+    """softmax of `z` along `axis` (z already shifted by its maximum) as exp(z) * (1 / sum):
+    one exp per element (see `softmax` for where it is used)."""
+    e = jnp.exp(z)
+    return e * (1 / jnp.sum(e, axis=axis, keepdims=True))
+
+
 def _softmax_meta(op_name):
     """PyTorch's meta kernel for (log_)softmax does not check `dim`; the CPU does."""
     def meta(x, dim, half_to_float):
@@ -490,8 +497,7 @@ def softmax(x, dim, half_to_float=False):
     # issue 35, eighth session); it is also PyTorch's CPU kernel's form.
     z, axis = _softmax_parts(x, dim)
     if ctx.library_products:
-        e = jnp.exp(z)
-        return _out(e * (1 / jnp.sum(e, axis=axis, keepdims=True)))
+        return _out(scaled_softmax_of(z, axis))
     return _out(jnp.exp(log_softmax_of(z, axis)))
 
 

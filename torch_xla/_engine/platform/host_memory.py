@@ -99,7 +99,7 @@ def configure() -> bool:
         # jax's CPU client already runs (jax was used before torch_xla): its threads
         # have their own arenas, from which large blocks are always mmapped.
         return False
-    ok = (libc.mallopt(_M_ARENA_MAX, 1) == 1 and libc.mallopt(_M_MMAP_MAX, 0) == 1
+    ok = (limit_arenas() and libc.mallopt(_M_MMAP_MAX, 0) == 1
           and libc.mallopt(_M_TRIM_THRESHOLD, 2 ** 31 - 1) == 1)
     _allocator.active = ok
     return ok
