@@ -268,6 +268,28 @@ def _indexed_empty(index: int) -> Callable:
     return create
 
 
+_STRIDED_RECORDS: dict = {}
+
+
+def with_strides(t: torch.Tensor, strides: tuple) -> torch.Tensor:
+    """Inner tensor `t` (its state moved) on a tensor reporting `strides`, unless they are
+    its own. Transpositions report the strides eager PyTorch gives them: autograd's matrix
+    product derivatives read them to choose the product whose result needs no transpose
+    (a weight's gradient then reaches the optimizer in its own layout)."""
+    strides = tuple(strides)
+    if strides == t.stride():
+        return t
+    shape, dtype = tuple(t.shape), t.dtype
+    key = (shape, strides, dtype)
+    r = _STRIDED_RECORDS.get(key)
+    if r is None:
+        like = torch.empty_strided(shape, strides, dtype=dtype, device="meta")
+        r = _STRIDED_RECORDS[key] = _dl_record(device_index(), like)
+    out = _from_dlpack(_capsule_new(r, _DLTENSOR, None))
+    out._xla = t._xla
+    return out
+
+
 def make_tensor(node: ir.Node, idx: int, shape, dtype: torch.dtype) -> torch.Tensor:
     """A new inner (non-functional) XLA tensor holding IR value (node, idx)."""
     _CREATED[0] += 1

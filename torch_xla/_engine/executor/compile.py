@@ -5,6 +5,8 @@ import functools
 import time
 from typing import Dict, List, Optional
 
+import torch
+
 from .. import env_vars, telemetry, pjrt
 from ..platform import policy
 from . import persistent, tiers
@@ -86,7 +88,7 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple, metric: str = "Co
              if env_vars.get("XLA_TIERED_COMPILE") and pkey is None else None)
     hits = persistent.jax_cache_hits()
     with telemetry.timed(metric):
-        opts = pol.compiler_options(graph.op_avals(), library_products)
+        opts = {**pol.compiler_options(graph.op_avals(), library_products), **rounding_options(graph)}
         first = {**opts, **quick} if quick else opts
 
         def build(jit_options: dict):
@@ -115,6 +117,24 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple, metric: str = "Co
             compiled = _compile(lowered, {**opts, **persistent.FRESH_OPTION})
         persistent.store(pkey, compiled, args, graph.checks)
     return Executable(compiled, donate, pol.paced_bytes(compiled), graph.checks)
+
+
+_HALF = (torch.bfloat16, torch.float16)
+_EXCESS_PRECISION = "xla_allow_excess_precision"
+
+
+def rounding_options(graph: Graph) -> dict:
+    """Half-precision results rounded where eager PyTorch rounds them. XLA takes a round trip
+    through bfloat16 or float16 (an op's half result converted back to float32) as excess
+    precision it may drop, on every platform; eager rounds every op's result, and so does a
+    program with this option off (a half-precision product's gradient cast to a float32
+    master weight keeps eager's rounding). XLA_FLAGS naming the option decides alone."""
+    if _EXCESS_PRECISION in (env_vars.get("XLA_FLAGS") or ""):
+        return {}
+    for _, (_, dtype) in graph.op_avals():
+        if dtype in _HALF:
+            return {_EXCESS_PRECISION: False}
+    return {}
 
 
 # Where each collective keeps its replica groups among its static arguments.

@@ -57,6 +57,12 @@ HANDWRITTEN = {
     # does not say so: a pure lowering would lose the update.
     "native_batch_norm": hw.k_native_batch_norm,
     "_native_batch_norm_legit": hw.k_native_batch_norm_legit,
+    # Transpositions report eager's strides (autograd reads them) and fold x.t().t().
+    "t_copy": hw.transposition("t_copy.default"),
+    "transpose_copy.int": hw.transposition("transpose_copy.int"),
+    "permute_copy": hw.transposition("permute_copy.default"),
+    "as_strided_copy": hw.k_as_strided_copy,
+    "as_strided_scatter": hw.k_as_strided_scatter,
 }
 
 

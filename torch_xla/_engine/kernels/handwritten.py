@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .. import telemetry, pjrt
-from ..tensor import is_functional, make_tensor, point_at, replace_state, state_of, unwrap, wrap_user
+from ..tensor import XlaState, is_functional, make_tensor, point_at, replace_state, state_of, unwrap, with_strides, wrap_user
 from .fallback import check_devices
 from .op_kernel import KERNELS, copy, to_copy
 from .values import check_device, const_tensor, from_cpu, to_cpu
@@ -100,6 +100,81 @@ def k_copy(self, src, non_blocking=False):
     if src.device.type != "xla":
         return from_cpu(src.to(self.dtype).expand(self.shape).contiguous())
     return copy(self, src)
+
+
+def _permutation(op: str, args: tuple, ndim: int):
+    """The dims permutation of a transposition (`op` with its arguments after the input),
+    or None for another op."""
+    if op == "aten::t_copy":
+        return (1, 0) if ndim == 2 else tuple(range(ndim))
+    if op == "aten::transpose_copy.int":
+        p = list(range(ndim))
+        if ndim:
+            d0, d1 = args[0] % ndim, args[1] % ndim
+            p[d0], p[d1] = p[d1], p[d0]
+        return tuple(p)
+    if op == "aten::permute_copy":
+        return tuple(d % ndim for d in args[0]) if ndim else ()
+    return None
+
+
+def transposition(name: str):
+    """The kernel of a transposition: the generic one (errors, node), with the strides
+    eager PyTorch reports for the view (`tensor.with_strides`); one undoing the
+    transposition that made its input holds that transposition's input (x.t().t() is x:
+    the graph computes one value, not both)."""
+    op = "aten::" + name.removesuffix(".default")
+
+    def kernel(x, *args):
+        out = KERNELS[name](x, *args)
+        ndim = x.dim()
+        perm = _permutation(op, args, ndim)
+        s = state_of(x)
+        node = s.node
+        if node.operands:
+            first = _permutation(node.op, node.args[1:], ndim)
+            if first is not None and all(first[perm[i]] == i for i in range(ndim)):
+                inner = node.operands[0][0]
+                point_at(out._xla, XlaState(inner, node.operands[0][1], s.shape, s.dtype))
+        stride = x.stride()
+        return with_strides(out, tuple(stride[p] for p in perm))
+    return kernel
+
+
+def _storage_order(x):
+    """The dims permutation that puts `x`'s value in its storage order, when `x` reports the
+    strides of a transposition of a contiguous tensor (None when its strides are contiguous)."""
+    stride, shape = x.stride(), x.shape
+    if x.is_contiguous():
+        return None
+    perm = sorted(range(x.dim()), key=lambda d: (-stride[d], d))
+    expect = 1
+    for d in reversed(perm):
+        if shape[d] != 1 and stride[d] != expect:
+            return None
+        expect *= shape[d]
+    return tuple(perm)
+
+
+def k_as_strided_copy(x, size, stride, storage_offset=None):
+    """`as_strided` reads `x`'s storage: a transposition's value is put in its storage order first."""
+    perm = _storage_order(x)
+    if perm is not None:
+        x = KERNELS["permute_copy.default"](x, perm)
+    return KERNELS["as_strided_copy.default"](x, size, stride, storage_offset)
+
+
+def k_as_strided_scatter(x, src, size, stride, storage_offset=None):
+    """`as_strided_scatter` writes `x`'s storage (see `k_as_strided_copy`)."""
+    perm = _storage_order(x)
+    if perm is None:
+        return KERNELS["as_strided_scatter.default"](x, src, size, stride, storage_offset)
+    flat = KERNELS["as_strided_scatter.default"](KERNELS["permute_copy.default"](x, perm), src, size, stride,
+                                                 storage_offset)
+    back = [0] * len(perm)
+    for i, d in enumerate(perm):
+        back[d] = i
+    return with_strides(KERNELS["permute_copy.default"](flat, tuple(back)), x.stride())
 
 
 def k_local_scalar_dense(x):
