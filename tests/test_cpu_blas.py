@@ -208,3 +208,24 @@ def test_capsules_survive_jax_changing_pythonapi_prototypes():
     buf = ctypes.create_string_buffer(8)
     cap = engine_tensor._capsule_new(ctypes.addressof(buf), b"probe", None)
     assert engine_tensor._capsule_pointer(cap, b"probe") == ctypes.addressof(buf)
+
+
+def test_convolution_weight_gradient_of_a_long_reduction_is_the_handlers():
+    """MNIST's first layer: the weight gradient g·patchesᵀ (10 x 73,728 by 73,728 x 25) is
+    one call of the handler reading the patches transposed; a convolution whose gradient's
+    reduction is short stays XLA's. Values and gradients against eager."""
+    torch.manual_seed(0)
+    for xs, conv, calls in (((128, 1, 28, 28), torch.nn.Conv2d(1, 10, 5), [(False, True)]),
+                            ((128, 10, 12, 12), torch.nn.Conv2d(10, 20, 5), [])):
+        x = torch.randn(xs)
+        expect = conv(x)
+        expect.square().sum().backward()
+        dev = torch.nn.Conv2d(conv.in_channels, conv.out_channels, 5).to(XLA)
+        dev.load_state_dict(conv.state_dict())
+        got = dev(x.to(XLA))
+        got.square().sum().backward()
+        assert _calls(_program_text(dev.weight.grad)) == calls
+        assert_same(got, expect, rtol=1e-5, atol=1e-4)
+        assert_same(dev.weight.grad, conv.weight.grad, rtol=1e-4, atol=1e-2)
+        assert_same(dev.bias.grad, conv.bias.grad, rtol=1e-4, atol=1e-2)
+        conv.zero_grad()

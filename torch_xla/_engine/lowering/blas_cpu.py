@@ -105,6 +105,11 @@ def matmul(a, b):
     return _product(a, b, ta, tb)
 
 
+def product(a, b, ta: bool = False, tb: bool = False):
+    """op(a) @ op(b) by the handler (op: transposed where the flag says), differentiable."""
+    return _product(a, b, ta, tb)
+
+
 def _call(a, b, ta: bool, tb: bool):
     m = a.shape[-1] if ta else a.shape[-2]
     n = b.shape[-2] if tb else b.shape[-1]

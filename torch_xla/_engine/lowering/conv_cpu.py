@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from . import blas_cpu
 from .table import matmul_precision
 
 # Patch matrices above this stay with XLA's convolution (memory; Eigen does well on
@@ -80,6 +81,38 @@ def _patches(xp, k, out, stride, dilation):
     return _patches_of(xp, tuple(xp.shape[2:]), tuple(k), tuple(out), tuple(stride), tuple(dilation))
 
 
+# A weight gradient g·patchesᵀ whose reduction (images x output positions) is this many
+# times its output (O x C*k) or more goes to the BLAS handler: XLA's product of such a
+# long, narrow reduction took 1.8 ms for MNIST's first layer (a 10 x 73,728 by 73,728 x
+# 25 product), the handler 0.7 (BENCHMARKS.md, issue 35, ninth session).
+_LONG_REDUCTION = 32
+
+
+def _long_weight_gradient(wm, pt) -> bool:
+    """Whether the weight gradient of wm @ pt is the handler's (CPU executor programs only)."""
+    if not blas_cpu.applies(wm, pt):
+        return False
+    return pt.shape[1] >= _LONG_REDUCTION * wm.shape[0] * wm.shape[1]
+
+
+@jax.custom_vjp
+def _weights_times_patches(wm, pt):
+    return jnp.matmul(wm, pt, precision=matmul_precision())
+
+
+def _wp_fwd(wm, pt):
+    return _weights_times_patches(wm, pt), (wm, pt)
+
+
+def _wp_bwd(res, g):
+    wm, pt = res
+    # g·ptᵀ by the handler, pt read transposed in place; the patches' gradient stays XLA's
+    return blas_cpu.product(g, pt, False, True), jnp.matmul(wm.T, g, precision=matmul_precision())
+
+
+_weights_times_patches.defvjp(_wp_fwd, _wp_bwd)
+
+
 def conv_im2col(x, w, stride, padding, dilation):
     """The weights (O, C*k) times the transposed patch matrix (C*k, N*out).
 
@@ -96,9 +129,13 @@ def conv_im2col(x, w, stride, padding, dilation):
     out = _out_sizes(x.shape, k, stride, padding, dilation)
     xp = jnp.pad(jnp.swapaxes(x, 0, 1), ((0, 0), (0, 0)) + tuple((p, p) for p in padding))
     pt = _patches(xp, k, out, stride, dilation).reshape((c * math.prod(k), n * math.prod(out)))
-    # XLA's product: the handler's (lowering/blas_cpu.py) measured no faster here
-    # (BENCHMARKS.md, issue 35, sixth session)
-    y = jnp.matmul(w.reshape((o, c * math.prod(k))), pt, precision=matmul_precision())
+    wm = w.reshape((o, c * math.prod(k)))
+    if _long_weight_gradient(wm, pt):
+        y = _weights_times_patches(wm, pt)
+    else:
+        # XLA's product: the handler's (lowering/blas_cpu.py) measured no faster here
+        # (BENCHMARKS.md, issue 35, sixth session)
+        y = jnp.matmul(wm, pt, precision=matmul_precision())
     return jnp.swapaxes(y.reshape((o, n) + out), 0, 1)
 
 
