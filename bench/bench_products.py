@@ -119,6 +119,7 @@ def steps(models, rounds: int) -> str:
     import models_torch as mt
     from torch_xla._engine.executor.compile import platform_policy
     from torch_xla._engine.executor.lower import build_fn
+    from torch_xla._engine.platform.base import ALL_PRODUCTS, NO_PRODUCTS
     pol = platform_policy()
     rows = ["| model | handler calls | XLA: ms median (min) | handler: ms median (min) | CPU ms XLA / handler | "
             "handler / XLA |", "|---|---|---|---|---|---|"]
@@ -127,7 +128,7 @@ def steps(models, rounds: int) -> str:
         graph, params = common.traced_step_graph(wl)
         exes, calls = {}, 0
         for on in (False, True):
-            blas = on and pol.library_products()
+            blas = ALL_PRODUCTS if on and pol.library_products() else NO_PRODUCTS
             fn = build_fn(graph, pol.patch_convolutions, checks=True, widen_int4_dots=pol.widen_int4_dots,
                           library_products=blas)
             exes[on] = jax.jit(fn, keep_unused=True).lower(*params).compile(

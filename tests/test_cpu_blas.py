@@ -16,17 +16,38 @@ from torch_xla._engine.executor.compile import platform_policy
 from torch_xla._engine.executor.lower import build_fn
 from torch_xla._engine.lowering import blas_cpu
 from torch_xla._engine.platform import cpu_blas
+from torch_xla._engine.platform import cpu
+from torch_xla._engine.platform.base import ALL_PRODUCTS, LONG_REDUCTIONS
 from torch_xla._engine.tensor import pending
 
 from helpers import XLA, assert_same
 
-def _program_text(*outs) -> str:
-    """The StableHLO of the pending values' program as the CPU executor lowers it."""
+_POLICY_PRODUCTS = type(platform_policy()).library_products
+
+
+@pytest.fixture(autouse=True)
+def _handler_takes_every_product(monkeypatch):
+    """Executed programs give the handler every large float32 product, whatever this CPU's
+    policy (with AVX-512 it keeps only long reductions), so that these tests see its calls;
+    programs compiled before are set aside and put back after."""
+    from torch_xla._engine.executor import compile as compiling
+    monkeypatch.setattr(type(platform_policy()), "library_products", lambda self: ALL_PRODUCTS)
+    saved = dict(compiling._cache)
+    compiling._cache.clear()
+    yield
+    compiling._cache.clear()
+    compiling._cache.update(saved)
+
+
+def _program_text(*outs, products=(ALL_PRODUCTS,)):
+    """The StableHLO of the pending values' program as the CPU executor lowers it (with
+    several `products` settings: a list of texts)."""
     del outs  # kept alive as roots
     roots = [(s.node, s.idx) for s in pending.take_live() if type(s.node) is not ir.DeviceData]
     graph = executor.Graph(roots)
-    fn = build_fn(graph, True, library_products=True)
-    return jax.jit(fn, keep_unused=True).lower(*graph.param_values()).as_text()
+    texts = [jax.jit(build_fn(graph, True, library_products=p), keep_unused=True).lower(*graph.param_values()).as_text()
+             for p in products]
+    return texts[0] if len(texts) == 1 else texts
 
 
 def _calls(text: str):
@@ -42,7 +63,16 @@ def test_handler_is_built_and_registered():
     # The package builds its native part with setup.py; this machine has a compiler and
     # PyTorch's MKL, so the CPU platform must use it.
     assert cpu_blas.available()
-    assert platform_policy().library_products()
+    assert _POLICY_PRODUCTS(platform_policy()) in (LONG_REDUCTIONS, ALL_PRODUCTS)
+
+
+def test_policy_gives_the_handler_every_product_only_without_avx512(monkeypatch):
+    # With AVX-512, XLA's products (YNNPACK) were faster than the handler's on the decoder;
+    # without it the handler's were (BENCHMARKS.md, issue 35).
+    monkeypatch.setattr(cpu, "_HOST_CPU_FLAGS", frozenset({"avx2", "fma"}))
+    assert _POLICY_PRODUCTS(platform_policy()) == ALL_PRODUCTS
+    monkeypatch.setattr(cpu, "_HOST_CPU_FLAGS", frozenset({"avx2", "fma", "avx512f"}))
+    assert _POLICY_PRODUCTS(platform_policy()) == LONG_REDUCTIONS
 
 
 @pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
@@ -224,7 +254,8 @@ def test_convolution_weight_gradient_of_a_long_reduction_is_the_handlers():
         dev.load_state_dict(conv.state_dict())
         got = dev(x.to(XLA))
         got.square().sum().backward()
-        assert _calls(_program_text(dev.weight.grad)) == calls
+        texts = _program_text(dev.weight.grad, products=(ALL_PRODUCTS, LONG_REDUCTIONS))
+        assert [_calls(t) for t in texts] == [calls, calls]
         assert_same(got, expect, rtol=1e-5, atol=1e-4)
         assert_same(dev.weight.grad, conv.weight.grad, rtol=1e-4, atol=1e-2)
         assert_same(dev.bias.grad, conv.bias.grad, rtol=1e-4, atol=1e-2)

@@ -406,6 +406,7 @@ def test_attention_sized_batched_matmul_compiles_without_ynnpack_fusions(monkeyp
     # product, they keep them. Values stay the CPU's either way.
     from torch_xla._engine import executor, ir
     from torch_xla._engine.platform import cpu
+    from torch_xla._engine.platform.base import ALL_PRODUCTS
     from torch_xla._engine.tensor import pending
     a, b = torch.randn(8, 512, 64), torch.randn(8, 64, 1024)
     small = (a[:, :4] @ b[:, :, :4]).softmax(-1)
@@ -415,7 +416,7 @@ def test_attention_sized_batched_matmul_compiles_without_ynnpack_fusions(monkeyp
     if "xla_cpu_experimental_ynn_fusion_type" not in os.environ.get("XLA_FLAGS", ""):
         monkeypatch.setattr(cpu, "_HOST_CPU_FLAGS", frozenset({"avx2", "fma"}))
         assert cpu.compiler_options(graph.op_avals()) == {"xla_cpu_experimental_ynn_fusion_type": ""}
-        assert cpu.compiler_options(graph.op_avals(), library_products=True) == {}
+        assert cpu.compiler_options(graph.op_avals(), library_products=ALL_PRODUCTS) == {}
         monkeypatch.setattr(cpu, "_HOST_CPU_FLAGS", frozenset({"avx2", "fma", "avx512f"}))
         assert cpu.compiler_options(graph.op_avals()) == {}
         monkeypatch.undo()

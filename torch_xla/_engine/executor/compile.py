@@ -9,6 +9,7 @@ import torch
 
 from .. import env_vars, telemetry, pjrt
 from ..platform import policy
+from ..platform.base import NO_PRODUCTS
 from . import persistent, tiers
 from .graph import Graph
 from .lower import build_fn
@@ -68,7 +69,8 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple, metric: str = "Co
         _check_replica_groups(graph)
     pol = platform_policy()
     # before a cached program that calls the platform's handler is loaded
-    library_products = strategy.library_products and not graph.has_collective and pol.library_products()
+    library_products = (pol.library_products() if strategy.library_products and not graph.has_collective
+                        else NO_PRODUCTS)
     pkey = None
     if persistent.enabled() and strategy.persistable:
         # the products' lowering is part of the program: a cached one calls the handler or not

@@ -91,7 +91,7 @@ def _lower_splats(a, ops, vals, plan) -> tuple:
 
 
 def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False, manual_text: bool = False,
-             constants: Optional[dict] = None, widen_int4_dots: bool = False, library_products: bool = False):
+             constants: Optional[dict] = None, widen_int4_dots: bool = False, library_products: str = ""):
     """A pure function params -> root values, evaluating the nodes with their lowerings.
 
     `constants`: parameter slot -> host value compiled into the program instead (the
@@ -103,8 +103,9 @@ def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False, manua
     `graph.checks` receives the host side of each check when the function is traced.
     `manual_text`: manual regions are lowered in place, their edges as XLA's SPMD custom
     calls (printable, with per-device values among the results; not for running).
-    `library_products`: float32 products as calls of the platform's BLAS handler
-    (lowering/blas_cpu.py; executed single-device CPU programs)."""
+    `library_products`: which float32 products are calls of the platform's BLAS handler
+    (`platform.base`: "" none, LONG_REDUCTIONS, ALL_PRODUCTS; lowering/blas_cpu.py;
+    executed single-device CPU programs)."""
     import jax.numpy as jnp
     from . import checks as checking
     order, slot, index = graph.order, graph.slot, graph.index
@@ -161,7 +162,8 @@ def build_fn(graph: Graph, patch_convolutions: bool, checks: bool = False, manua
             vals = _run(params)
         finally:
             lowering_ctx.checks = lowering_ctx.node = lowering_ctx.source = None
-            lowering_ctx.manual_text = lowering_ctx.library_products = False
+            lowering_ctx.manual_text = False
+            lowering_ctx.library_products = ""
         roots = tuple(vals[p][i] for p, i in root_pos)
         if not checked:
             return roots

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..platform.base import ALL_PRODUCTS
 from ..platform.cpu_blas import TARGET
 from . import shape_ops
 from .table import ctx
@@ -29,7 +30,12 @@ _PRODUCTS = {"aten::mm": (0, 1), "aten::bmm": (0, 1), "aten::addmm": (1, 2), "at
 
 def applies(a, b) -> bool:
     """Whether the product a @ b of this node goes to the handler."""
-    if not ctx.library_products or a.dtype != jnp.float32 or b.dtype != jnp.float32:
+    return ctx.library_products == ALL_PRODUCTS and large(a, b)
+
+
+def large(a, b) -> bool:
+    """Whether a @ b (float32, equal batch dimensions) is large enough for the handler."""
+    if a.dtype != jnp.float32 or b.dtype != jnp.float32:
         return False
     if a.ndim < 2 or a.ndim != b.ndim or a.shape[:-2] != b.shape[:-2] or a.shape[-1] != b.shape[-2]:
         return False

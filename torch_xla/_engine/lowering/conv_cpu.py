@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from . import blas_cpu
-from .table import matmul_precision
+from .table import ctx, matmul_precision
 
 # Patch matrices above this stay with XLA's convolution (memory; Eigen does well on
 # large maps).
@@ -90,7 +90,7 @@ _LONG_REDUCTION = 32
 
 def _long_weight_gradient(wm, pt) -> bool:
     """Whether the weight gradient of wm @ pt is the handler's (CPU executor programs only)."""
-    if not blas_cpu.applies(wm, pt):
+    if not ctx.library_products or not blas_cpu.large(wm, pt):
         return False
     return pt.shape[1] >= _LONG_REDUCTION * wm.shape[0] * wm.shape[1]
 

@@ -83,7 +83,7 @@ class _Ctx(threading.local):
     world = 1    # number of replicas on that axis
     patch_convolutions = False  # lower convolutions as patch products (conv_cpu)
     widen_int4_dots = False  # int4 dot operands widened to s8 (a backend without s4 dots)
-    library_products = False  # float32 products as calls of the platform's BLAS handler (blas_cpu)
+    library_products = ""  # which float32 products call the platform's BLAS handler (blas_cpu)
     source = None  # (node, output index) -> its value already lowered in this program, or None
     checks = None  # while a program is traced with index checks: where `check_range` records them
     node = None    # the IR node being lowered (set by the executor when checks are recorded)

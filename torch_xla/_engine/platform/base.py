@@ -3,6 +3,13 @@ from __future__ import annotations
 
 from typing import Iterable, Optional, Tuple
 
+# What a program's float32 matrix products may give the platform's library handler
+# (lowering/blas_cpu.py): none, only products whose reduction is long and narrow (a
+# convolution's weight gradient over many images and positions), or every large one.
+NO_PRODUCTS = ""
+LONG_REDUCTIONS = "long-reductions"
+ALL_PRODUCTS = "all"
+
 
 class Policy:
     """The defaults: no options, nothing around compiles and dispatches."""
@@ -18,13 +25,14 @@ class Policy:
         """The index of the device of replica `global_ordinal` (its `xla:<index>`)."""
         return global_ordinal if self.ordinal_device_index else 0
 
-    def library_products(self) -> bool:
-        """Whether float32 matrix products may call a library handler (lowering/blas_cpu.py)."""
-        return False
+    def library_products(self) -> str:
+        """Which float32 matrix products may call a library handler (lowering/blas_cpu.py):
+        NO_PRODUCTS, LONG_REDUCTIONS or ALL_PRODUCTS."""
+        return NO_PRODUCTS
 
-    def compiler_options(self, ops: Iterable[Tuple[str, tuple]], library_products: bool = False) -> dict:
+    def compiler_options(self, ops: Iterable[Tuple[str, tuple]], library_products: str = NO_PRODUCTS) -> dict:
         """XLA options for one program; `ops` yields (op name, first output aval);
-        `library_products`: its float32 products call the library handler."""
+        `library_products`: which of its float32 products call the library handler."""
         return {}
 
     def quick_compiler_options(self, nodes: int) -> Optional[dict]:

@@ -8,7 +8,7 @@ import torch
 
 from .. import env_vars
 from . import cpu_blas, host_memory
-from .base import Policy
+from .base import ALL_PRODUCTS, LONG_REDUCTIONS, NO_PRODUCTS, Policy
 
 _BIG_BMM_BYTES = 16 << 20
 _YNN_OPTION = "xla_cpu_experimental_ynn_fusion_type"
@@ -44,7 +44,7 @@ def prepare_process() -> None:
     host_memory.configure()
 
 
-def compiler_options(ops: Iterable[Tuple[str, tuple]], library_products: bool = False) -> dict:
+def compiler_options(ops: Iterable[Tuple[str, tuple]], library_products: str = NO_PRODUCTS) -> dict:
     """XLA options for this program beyond the process-wide XLA_FLAGS.
 
     On a CPU without AVX-512, XLA's YNNPACK fusions make attention-shaped programs
@@ -67,7 +67,7 @@ def compiler_options(ops: Iterable[Tuple[str, tuple]], library_products: bool = 
     for op, aval in ops:
         if op == "aten::bmm" or op == "aten::baddbmm":
             shape, dtype = aval
-            if library_products and dtype == torch.float32:
+            if library_products == ALL_PRODUCTS and dtype == torch.float32:
                 continue    # the handler's product
             if int(np.prod(shape)) * dtype.itemsize >= _BIG_BMM_BYTES:
                 return {_YNN_OPTION: ""}
@@ -87,12 +87,19 @@ class CpuPolicy(Policy):
     # one device, which keeps that name: the replica's global ordinal.
     ordinal_device_index = True
 
-    def compiler_options(self, ops, library_products: bool = False):
+    def compiler_options(self, ops, library_products: str = NO_PRODUCTS):
         return compiler_options(ops, library_products)
 
-    def library_products(self) -> bool:
-        # PyTorch's BLAS for float32 products (platform/cpu_blas.py; BENCHMARKS.md, issue 35)
-        return cpu_blas.available()
+    def library_products(self) -> str:
+        # PyTorch's BLAS for float32 products (platform/cpu_blas.py). Without AVX-512 it
+        # computes the decoder's products faster than XLA (BENCHMARKS.md, issue 35, sixth
+        # session); with AVX-512, where YNNPACK computes XLA's products, XLA's decoder step
+        # was 1.49x the handler's samples/s on an AMD EPYC, and only a long, narrow
+        # reduction (MNIST's first convolution's weight gradient) stays the handler's
+        # (issue 35, ninth session).
+        if not cpu_blas.available():
+            return NO_PRODUCTS
+        return LONG_REDUCTIONS if "avx512f" in host_cpu_flags() else ALL_PRODUCTS
 
     def quick_compiler_options(self, nodes: int) -> Optional[dict]:
         # XLA's fusion emitters take about half of a program's CPU compile time, and for a
