@@ -200,8 +200,9 @@ REGISTRY: List[Patch] = [
     Patch("cpu_blas_target", "jax's registry of FFI targets: `torch_xla_cpu_matmul_f32` (platform `cpu`), "
           "the native handler given PyTorch's `sgemm` and MKL's per-thread thread count",
           "the first compile of a CPU program", "PT_XLA_CPU_BLAS",
-          "the product handler (`platform/cpu_blas.py`): XLA:CPU's batched and transposed float32 "
-          "products are slower than PyTorch's BLAS", "_engine.platform.cpu_blas:register", None,
+          "the product handler (`platform/cpu_blas.py`): without AVX-512, XLA:CPU's batched and "
+          "transposed float32 products are slower than PyTorch's BLAS; with it, its long, narrow "
+          "reductions (a convolution's weight gradient)", "_engine.platform.cpu_blas:register", None,
           "_ffi_target_registered('torch_xla_cpu_matmul_f32')"),
     Patch("jax_x64", "jax's process-wide `jax_enable_x64` option, on", "first device use, when jax starts",
           "none (torch's int64 and float64 need it)",
