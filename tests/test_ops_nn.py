@@ -226,6 +226,22 @@ def test_max_pool_indices_ties_and_unbatched():
     check(lambda x: F.max_pool2d(x, 2), x)
 
 
+@pytest.mark.parametrize("kw", [dict(kernel_size=3, stride=2, padding=1), dict(kernel_size=(3, 2), stride=(2, 1),
+                                                                             padding=(1, 0), ceil_mode=True)])
+def test_max_pool_overlapping_windows_ties_and_infinities(kw):
+    # Overlapping windows are taken one kernel offset at a time: the first maximum of a
+    # window of ties, the first valid element of a window of -inf, gradients summed where
+    # windows share their argmax.
+    torch.manual_seed(0)
+    ties = torch.randint(0, 3, (2, 3, 9, 7)).float()
+    infs = torch.full((1, 2, 7, 7), float("-inf"))
+    infs[..., 3, 3] = 1.0
+    for x in (ties, infs):
+        check(lambda x: F.max_pool2d(x, return_indices=True, **kw)[1], x, grad=False)
+        check(lambda x: F.max_pool2d(x, **kw), x, grad=x is ties)
+    check(lambda x: F.max_pool3d(x, 3, 2, 1), torch.randn(1, 2, 5, 6, 7))
+
+
 @pytest.mark.parametrize("kw", [dict(kernel_size=2), dict(kernel_size=3, stride=2, padding=1)])
 def test_max_pool_nan_windows(kw):
     # The CPU kernel takes an element if it is greater than the maximum so far or NaN:

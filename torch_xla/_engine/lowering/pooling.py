@@ -1,10 +1,12 @@
 """Pooling (max, average, adaptive) and the window gathering it shares with im2col."""
 from __future__ import annotations
 
+import itertools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from .table import lowering, matmul_precision, out_shape
 from .nn_common import _opmath, _tup
@@ -145,6 +147,51 @@ def _max_windows(x, idxs, valids, tiled=None):
     return val, ind.astype(jnp.int64)
 
 
+def _max_by_offsets(x, k, s, p, d, osz):
+    """Max over windows and the flat input-plane index of the max, one kernel offset at a
+    time: each offset's elements are one strided slice of the padded input, and the running
+    maximum takes an element greater than it or NaN, in window order (the CPU kernel's
+    rule: the first maximum, or the window's last NaN). Elementwise work on the output's
+    size, where gathering every window (K times the output) and reducing it took XLA:CPU
+    tens of milliseconds for the ResNet's 3x3/2 stem pool (BENCHMARKS.md, issue 35, ninth
+    session)."""
+    n = len(k)
+    lead = x.ndim - n
+    isz = x.shape[lead:]
+    per_dim = [_window_index(isz[i], osz[i], k[i], s[i], p[i], d[i]) for i in range(n)]
+    raw = [np.arange(osz[i])[:, None] * s[i] - p[i] + np.arange(k[i])[None, :] * d[i] for i in range(n)]
+    hi = [max(0, int(raw[i].max()) + 1 - isz[i]) for i in range(n)]
+    lowest = _lowest(x.dtype)
+    xp = jnp.pad(x, [(0, 0)] * lead + [(p[i], hi[i]) for i in range(n)], constant_values=lowest)
+    floating = jnp.issubdtype(x.dtype, jnp.floating)
+    val = ind = None
+    for off in itertools.product(*(range(kk) for kk in k)):
+        start = [0] * lead + [off[i] * d[i] for i in range(n)]
+        limit = list(x.shape[:lead]) + [off[i] * d[i] + (osz[i] - 1) * s[i] + 1 for i in range(n)]
+        v = lax.slice(xp, start, limit, [1] * lead + list(s))
+        valid = np.ones((), bool)
+        pos = np.zeros((), np.int64)
+        for i in range(n):
+            shape = [1] * n
+            shape[i] = osz[i]
+            valid = valid & per_dim[i][1][:, off[i]].reshape(shape)
+            pos = pos + per_dim[i][0][:, off[i]].reshape(shape).astype(np.int64) * int(np.prod(isz[i + 1:]))
+        valid, pos = np.broadcast_to(valid, tuple(osz)), np.broadcast_to(pos, tuple(osz))
+        if val is None:
+            # the first offset: its valid elements start the running maximum
+            val = jnp.where(valid, v, lowest)
+            ind = jnp.where(valid, jnp.asarray(pos), jnp.asarray(-1, jnp.int64))
+            continue
+        take = (v > val) | (ind < 0)
+        if floating:
+            take = take | jnp.isnan(v)
+        if not valid.all():
+            take = take & valid
+        val = jnp.where(take, v, val)
+        ind = jnp.where(take, jnp.asarray(pos), ind)
+    return val, ind
+
+
 def _max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, nsp):
     k = _tup(kernel_size, nsp)
     s = _tup(stride, nsp, k)
@@ -153,8 +200,9 @@ def _max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, nsp):
     osz = out_shape(0)[-nsp:]
     isz = x.shape[-nsp:]
     idxs, valids = zip(*[_window_index(isz[i], osz[i], k[i], s[i], p[i], d[i]) for i in range(nsp)])
-    tiled = (k, osz) if _tiled(k, s, p, d, osz, isz) else None
-    return _max_windows(x, list(idxs), list(valids), tiled)
+    if _tiled(k, s, p, d, osz, isz):
+        return _max_windows(x, list(idxs), list(valids), (k, osz))
+    return _max_by_offsets(x, k, s, p, d, osz)
 
 
 def _index_backward(g, x, indices, nsp):
