@@ -9,6 +9,7 @@ from .. import telemetry, pjrt
 from ..tensor import XlaState, is_functional, make_tensor, point_at, replace_state, state_of, unwrap, with_strides, wrap_user
 from .fallback import check_devices
 from .op_kernel import KERNELS, copy, to_copy
+from .specialise import fast_kernel
 from .values import check_device, const_tensor, from_cpu, to_cpu
 
 
@@ -124,9 +125,12 @@ def transposition(name: str):
     transposition that made its input holds that transposition's input (x.t().t() is x:
     the graph computes one value, not both)."""
     op = "aten::" + name.removesuffix(".default")
+    base = []   # the op's own kernel (specialised: its common case is the traced path), at first use
 
     def kernel(x, *args):
-        out = KERNELS[name](x, *args)
+        if not base:
+            base.append(fast_kernel(KERNELS[name]))
+        out = base[0](x, *args)
         ndim = x.dim()
         perm = _permutation(op, args, ndim)
         s = state_of(x)

@@ -60,6 +60,18 @@ def entry_point(k: OpKernel, short: str):
     return LazyFast(k, short) if specialisable(k) else k
 
 
+def fast_kernel(k: OpKernel):
+    """Kernel `k`'s specialised form (generated now if needed, not registered: for a
+    hand-written kernel that calls it), or `k` itself when it has none."""
+    if not specialisable(k):
+        return k
+    if k.fast is None:
+        with _lock:
+            if k.fast is None:
+                k.fast = specialise(k)
+    return k.fast
+
+
 def specialisable(k: OpKernel) -> bool:
     low = k.low
     if low.alias or low.random or k.is_factory or not all(s.specialisable for s in k.plan.steps):
