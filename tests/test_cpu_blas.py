@@ -31,6 +31,7 @@ def _handler_takes_every_product(monkeypatch):
     policy (with AVX-512 it keeps only long reductions), so that these tests see its calls;
     programs compiled before are set aside and put back after."""
     from torch_xla._engine.executor import compile as compiling
+    assert cpu_blas.available()   # registers the handler, as the policy's own answer does
     monkeypatch.setattr(type(platform_policy()), "library_products", lambda self: ALL_PRODUCTS)
     saved = dict(compiling._cache)
     compiling._cache.clear()

@@ -242,6 +242,16 @@ def test_max_pool_overlapping_windows_ties_and_infinities(kw):
     check(lambda x: F.max_pool3d(x, 3, 2, 1), torch.randn(1, 2, 5, 6, 7))
 
 
+@pytest.mark.parametrize("args", [(1, 2), (1, 2, 0, 2), (7, 1, 3)])
+def test_max_pool_one_offset_and_large_kernels(args):
+    # A one-element kernel (Detectron2's LastLevelMaxPool: kernel 1, stride 2), and a
+    # kernel of more offsets than are unrolled (its windows are gathered).
+    x = torch.randn(2, 3, 9, 8)
+    check(lambda x: F.max_pool2d(x, *args), x)
+    check(lambda x: F.max_pool2d(x, *args, return_indices=True)[1], x, grad=False)
+    check(lambda x: F.max_pool1d(x, *args), x[0])
+
+
 @pytest.mark.parametrize("kw", [dict(kernel_size=2), dict(kernel_size=3, stride=2, padding=1)])
 def test_max_pool_nan_windows(kw):
     # The CPU kernel takes an element if it is greater than the maximum so far or NaN:

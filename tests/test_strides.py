@@ -28,6 +28,8 @@ _VIEWS = [
     ((2, 4, 3), lambda x: x.transpose(0, 1)[1], False),
     ((2, 4, 3), lambda x: x.permute(0, 2, 1).reshape(2, 12), False),
     ((4, 3), lambda x: x.t().unsqueeze(0), False),
+    ((4, 3), lambda x: x.t().detach(), True),
+    ((4, 3), lambda x: torch.nn.Parameter(x.t()), True),
 ]
 
 

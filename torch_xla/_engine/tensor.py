@@ -216,7 +216,8 @@ def _dl_record(index: int, like: torch.Tensor) -> int:
     share a storage, which PyTorch reads as aliasing (custom-op checks, aot_autograd's
     input analysis, `torch.save`'s storage table). The record has no deleter, so PyTorch
     never touches it after the import and one record serves every tensor of its
-    (sizes, dtype); it is raw memory, never freed (one per (sizes, dtype) of the process).
+    (sizes, dtype); it is raw memory, never freed (one per (sizes, dtype) of the process, and
+    one per (sizes, strides, dtype) of `with_strides`).
     """
     shape, strides = tuple(like.shape), like.stride()
     n = len(shape)

@@ -5,7 +5,8 @@
 - PrivateUse1: a kernel per lowered aten overload (`op_kernel`, specialised on first call
   by `specialise`), in-place and `out=` variants (`mutating`), ops served by PyTorch's
   decompositions (`decompositions`), hand-written kernels (`handwritten`: factories,
-  transfers, copies, batch norm, Scalar[] foreach overloads), `set_` from a storage
+  transfers, copies, batch norm, Scalar[] foreach overloads, transpositions and
+  `as_strided`), `set_` from a storage
   (`storage`: tensors loaded by `torch.load(..., map_location='xla')`), and the CPU
   fallback for every other op (`fallback`);
 - AutogradPrivateUse1: the derivative of `_fft_r2c` (`handwritten`);

@@ -1,6 +1,7 @@
 """Hand-written kernels: factories, transfers, copies, host reads, and the few ops whose
 semantics a pure lowering cannot express (batch norm's in-place statistics, Scalar[]
-foreach overloads, the derivative of `_fft_r2c`)."""
+foreach overloads, the derivative of `_fft_r2c`, transpositions that report eager's
+strides, `as_strided` reading a transposition in its storage order)."""
 from __future__ import annotations
 
 import torch

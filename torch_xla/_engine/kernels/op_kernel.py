@@ -18,7 +18,7 @@ import torch
 from .. import executor, ir, telemetry, rng
 from ..lowering import Lowering
 from ..mode import modes
-from ..tensor import is_functional, make_alias, make_tensor, state_of, wrap_user
+from ..tensor import is_functional, make_alias, make_tensor, state_of, with_strides, wrap_user
 from . import fallback, shapes, values
 from .shapes import ShapeEntry
 from .plan import ArgPlan, add_params, freeze  # noqa: F401 (freeze: imported from here by other modules)
@@ -143,19 +143,24 @@ class OpKernel:
             # result this way): keep the result a functional tensor.
             if self.name in _LIFTS:
                 return x
-            return wrap_user(make_alias(state_of(x)))
+            return wrap_user(self._strided(make_alias(state_of(x)), x))
         try:
             s = state_of(x)
         except RuntimeError:
             if x.device.type != "meta":
                 raise
             return _meta_alias(self.op, args, kwargs)
-        out = make_alias(s)
+        out = self._strided(make_alias(s), x)
         if self.name in _LIFTS:
             # torch.tensor(data, device=xla) moves its data with functionalization
             # excluded, then lifts the result: this is where it becomes a user tensor.
             return wrap_user(out)
         return out
+
+    def _strided(self, out, x):
+        """An alias (`detach`, `alias`, ...) reports its input's strides (a transposition's
+        are eager's); a clone is contiguous (`contiguous()` is a clone)."""
+        return out if self.name == "aten::clone" else with_strides(out, x.stride())
 
     def _outputs(self, node, entry):
         """The result tensors of a node with several outputs, or in eager mode."""
