@@ -153,20 +153,19 @@ def _max_windows(x, idxs, valids, tiled=None):
 _MAX_UNROLLED_OFFSETS = 25
 
 
-def _max_by_offsets(x, k, s, p, d, osz):
+def _max_by_offsets(x, k, s, p, d, osz, idxs, valids):
     """Max over windows and the flat input-plane index of the max, one kernel offset at a
     time: each offset's elements are one strided slice of the padded input, and the running
     maximum takes an element greater than it or NaN, in window order (the CPU kernel's
     rule: the first maximum, or the window's last NaN). Elementwise work on the output's
     size, where gathering every window (K times the output) and reducing it took XLA:CPU
     tens of milliseconds for the ResNet's 3x3/2 stem pool (BENCHMARKS.md, issue 35, ninth
-    session)."""
+    session). `idxs`, `valids`: `_window_index`'s per dimension."""
     n = len(k)
     lead = x.ndim - n
     isz = x.shape[lead:]
-    per_dim = [_window_index(isz[i], osz[i], k[i], s[i], p[i], d[i]) for i in range(n)]
-    raw = [np.arange(osz[i])[:, None] * s[i] - p[i] + np.arange(k[i])[None, :] * d[i] for i in range(n)]
-    hi = [max(0, int(raw[i].max()) + 1 - isz[i]) for i in range(n)]
+    # padding after the input, up to the last position the last window reads
+    hi = [max(0, (osz[i] - 1) * s[i] - p[i] + (k[i] - 1) * d[i] + 1 - isz[i]) for i in range(n)]
     lowest = _lowest(x.dtype)
     xp = jnp.pad(x, [(0, 0)] * lead + [(p[i], hi[i]) for i in range(n)], constant_values=lowest)
     floating = jnp.issubdtype(x.dtype, jnp.floating)
@@ -180,8 +179,8 @@ def _max_by_offsets(x, k, s, p, d, osz):
         for i in range(n):
             shape = [1] * n
             shape[i] = osz[i]
-            valid = valid & per_dim[i][1][:, off[i]].reshape(shape)
-            pos = pos + per_dim[i][0][:, off[i]].reshape(shape).astype(np.int64) * int(np.prod(isz[i + 1:]))
+            valid = valid & valids[i][:, off[i]].reshape(shape)
+            pos = pos + idxs[i][:, off[i]].reshape(shape).astype(np.int64) * int(np.prod(isz[i + 1:]))
         valid, pos = np.broadcast_to(valid, tuple(osz)), np.broadcast_to(pos, tuple(osz))
         if val is None:
             # the first offset: its valid elements start the running maximum
@@ -209,7 +208,7 @@ def _max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, nsp):
     if _tiled(k, s, p, d, osz, isz):
         return _max_windows(x, list(idxs), list(valids), (k, osz))
     if int(np.prod(k)) <= _MAX_UNROLLED_OFFSETS:
-        return _max_by_offsets(x, k, s, p, d, osz)
+        return _max_by_offsets(x, k, s, p, d, osz, idxs, valids)
     return _max_windows(x, list(idxs), list(valids))
 
 
