@@ -210,6 +210,7 @@ def test_conv_module_no_input_grad():
 
 @pytest.mark.parametrize("kw", [
     dict(kernel_size=2),
+    dict(kernel_size=(3, 2)),     # tiling windows of unequal sides: the index by arithmetic
     dict(kernel_size=3, stride=2, padding=1),
     dict(kernel_size=3, stride=2, ceil_mode=True),
     dict(kernel_size=(2, 3), stride=1, dilation=2),
@@ -266,12 +267,15 @@ def test_max_pool1d_3d():
     check(lambda x: F.max_pool1d(x, 3, stride=2, padding=1), torch.randn(2, 3, 9))
     check(lambda x: F.max_pool1d(x, 2, return_indices=True), torch.randn(2, 3, 8), grad=False)
     check(lambda x: F.max_pool3d(x, 2, stride=1), torch.randn(1, 2, 3, 4, 4))
+    check(lambda x: F.max_pool3d(x, (1, 3, 2), return_indices=True)[1], torch.randn(1, 2, 3, 7, 5), grad=False)
+    check(lambda x: F.max_pool3d(x, (1, 3, 2)), torch.randn(1, 2, 3, 7, 5))
     check(lambda x: F.max_pool3d(x, 2, return_indices=True, ceil_mode=True), torch.randn(1, 2, 3, 5, 4),
           grad=False)
 
 
 @pytest.mark.parametrize("kw", [
     dict(kernel_size=2),
+    dict(kernel_size=(3, 2)),     # tiling windows of unequal sides: the index by arithmetic
     dict(kernel_size=3, stride=2, padding=1),
     dict(kernel_size=3, stride=2, padding=1, count_include_pad=False),
     dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),

@@ -14,7 +14,6 @@ formulations tried: BENCHMARKS.md, "Convolution formulations on XLA:CPU".
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 
 import jax
@@ -57,19 +56,27 @@ def _patches_fwd(xp, size, k, out, stride, dilation):
 
 
 def _patches_bwd(size, k, out, stride, dilation, _, g):
-    # One sum, over the kernel offsets, of each offset's gradient slice padded (interior
-    # padding = stride - 1) back to where it was cut: faster inside a step than jax's vjp
-    # of the stacked slices (BENCHMARKS.md, "What moved the figures", fourth session).
+    # The patches' gradient summed one spatial dimension at a time, from the last: each
+    # kernel offset's slice padded (interior padding = stride - 1) back to where it was
+    # cut along that dimension, k1 + k2 padded terms for a 2-d kernel instead of k1 * k2.
+    # Faster than one sum over all offsets (MNIST's second convolution: 1.6 -> 1.1 ms on
+    # one thread; BENCHMARKS.md, issue 35, tenth session), and than jax's vjp of the
+    # stacked slices (fourth session).
     zero = jnp.zeros((), g.dtype)
-    total = None
-    for off in itertools.product(*(range(kk) for kk in k)):
-        cfg = [(0, 0, 0), (0, 0, 0)]
-        for i, o in enumerate(off):
-            lo = o * dilation[i]
-            cfg.append((lo, size[i] - lo - (out[i] - 1) * stride[i] - 1, stride[i] - 1))
-        term = lax.pad(g[(slice(None),) + off], zero, cfg)
-        total = term if total is None else total + term
-    return (total,)
+    cur = g    # (c, k0..k_i, n, out0..out_i, size_{i+1}..)
+    for i in reversed(range(len(k))):
+        axis = 1 + i                 # the last kernel axis left
+        lo_cfg = [(0, 0, 0)] * (cur.ndim - 1)
+        spatial = 1 + i + 1 + i      # spatial dimension i once `axis` is taken out
+        total = None
+        for off in range(k[i]):
+            lo = off * dilation[i]
+            cfg = list(lo_cfg)
+            cfg[spatial] = (lo, size[i] - lo - (out[i] - 1) * stride[i] - 1, stride[i] - 1)
+            term = lax.pad(lax.index_in_dim(cur, off, axis, keepdims=False), zero, cfg)
+            total = term if total is None else total + term
+        cur = total
+    return (cur,)
 
 
 _patches_of.defvjp(_patches_fwd, _patches_bwd)
@@ -77,7 +84,7 @@ _patches_of.defvjp(_patches_fwd, _patches_bwd)
 
 def _patches(xp, k, out, stride, dilation):
     """The patches of the padded (C, N, spatial...) input, (c, k..., n, out...), whose
-    gradient is one sum over the kernel offsets."""
+    gradient is a sum of padded slices (`_patches_bwd`)."""
     return _patches_of(xp, tuple(xp.shape[2:]), tuple(k), tuple(out), tuple(stride), tuple(dilation))
 
 
@@ -95,19 +102,32 @@ def _long_weight_gradient(wm, pt) -> bool:
     return pt.shape[1] >= _LONG_REDUCTION * wm.shape[0] * wm.shape[1]
 
 
-@jax.custom_vjp
-def _weights_times_patches(wm, pt):
+def _transposed_weights(wm):
+    # Wᵀ as a matrix of its own: XLA otherwise folds the transpose into the product's
+    # dimension numbers, a product XLA:CPU leaves to Eigen (MNIST's second convolution's
+    # patch gradient: 0.74 ms) rather than to its library fusion (0.5 ms with the copy).
+    return lax.optimization_barrier(wm.T)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _weights_times_patches(wm, pt, long_reduction):
     return jnp.matmul(wm, pt, precision=matmul_precision())
 
 
-def _wp_fwd(wm, pt):
-    return _weights_times_patches(wm, pt), (wm, pt)
+def _wp_fwd(wm, pt, long_reduction):
+    return _weights_times_patches(wm, pt, long_reduction), (wm, pt)
 
 
-def _wp_bwd(res, g):
+def _wp_bwd(long_reduction, res, g):
     wm, pt = res
-    # g·ptᵀ by the handler, pt read transposed in place; the patches' gradient stays XLA's
-    return blas_cpu.product(g, pt, False, True), jnp.matmul(wm.T, g, precision=matmul_precision())
+    if long_reduction:
+        # g·ptᵀ by the handler, pt read transposed in place
+        dw = blas_cpu.product(g, pt, False, True)
+    else:
+        # XLA's product: the handler's (lowering/blas_cpu.py) measured no faster here
+        # (BENCHMARKS.md, issue 35, sixth session)
+        dw = lax.dot_general(g, pt, (((1,), (1,)), ((), ())), precision=matmul_precision())
+    return dw, jnp.matmul(_transposed_weights(wm), g, precision=matmul_precision())
 
 
 _weights_times_patches.defvjp(_wp_fwd, _wp_bwd)
@@ -120,8 +140,8 @@ def conv_im2col(x, w, stride, padding, dilation):
     position), cut from the input in (C, N, spatial...) order: its contiguous runs are
     output rows (a channels-last matrix's are only C values long), and the weights
     multiply it as they are. Cutting one spatial dimension at a time gives XLA fewer,
-    larger slices than one slice per kernel offset; the patches' gradient is one sum of
-    padded slices (`_patches_bwd`). Measured against the alternatives: BENCHMARKS.md,
+    larger slices than one slice per kernel offset; the patches' gradient sums padded
+    slices one spatial dimension at a time (`_patches_bwd`). Measured against the alternatives: BENCHMARKS.md,
     "What moved the figures", fourth session."""
     n, c = x.shape[:2]
     o = w.shape[0]
@@ -130,12 +150,7 @@ def conv_im2col(x, w, stride, padding, dilation):
     xp = jnp.pad(jnp.swapaxes(x, 0, 1), ((0, 0), (0, 0)) + tuple((p, p) for p in padding))
     pt = _patches(xp, k, out, stride, dilation).reshape((c * math.prod(k), n * math.prod(out)))
     wm = w.reshape((o, c * math.prod(k)))
-    if _long_weight_gradient(wm, pt):
-        y = _weights_times_patches(wm, pt)
-    else:
-        # XLA's product: the handler's (lowering/blas_cpu.py) measured no faster here
-        # (BENCHMARKS.md, issue 35, sixth session)
-        y = jnp.matmul(wm, pt, precision=matmul_precision())
+    y = _weights_times_patches(wm, pt, _long_weight_gradient(wm, pt))
     return jnp.swapaxes(y.reshape((o, n) + out), 0, 1)
 
 

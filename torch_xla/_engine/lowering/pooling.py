@@ -132,10 +132,13 @@ def _max_windows(x, idxs, valids, tiled=None):
     if tiled is not None:
         # The input position of window offset `am`, by arithmetic instead of a gather.
         k, osz = tiled
-        am = am.astype(jnp.int64)
+        # Unsigned division and remainder: `am` is never negative, and the sign handling
+        # of a signed floor division is recomputed for each input element where the
+        # gradient fuses it (MNIST's pool gradient: 0.73 -> 0.48 ms).
+        am = am.astype(jnp.uint32)
         ind = jnp.zeros((), jnp.int64)
         for i in range(n):
-            r = (am // int(np.prod(k[i + 1:]))) % k[i]
+            r = lax.rem(lax.div(am, np.uint32(np.prod(k[i + 1:]))), np.uint32(k[i])).astype(jnp.int64)
             shape = [1] * n
             shape[i] = osz[i]
             pos = jnp.asarray(np.arange(osz[i]).reshape(shape) * k[i]) + r
