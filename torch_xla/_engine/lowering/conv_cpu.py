@@ -14,6 +14,7 @@ formulations tried: BENCHMARKS.md, "Convolution formulations on XLA:CPU".
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import jax
@@ -56,27 +57,19 @@ def _patches_fwd(xp, size, k, out, stride, dilation):
 
 
 def _patches_bwd(size, k, out, stride, dilation, _, g):
-    # The patches' gradient summed one spatial dimension at a time, from the last: each
-    # kernel offset's slice padded (interior padding = stride - 1) back to where it was
-    # cut along that dimension, k1 + k2 padded terms for a 2-d kernel instead of k1 * k2.
-    # Faster than one sum over all offsets (MNIST's second convolution: 1.6 -> 1.1 ms on
-    # one thread; BENCHMARKS.md, issue 35, tenth session), and than jax's vjp of the
-    # stacked slices (fourth session).
+    # One sum, over the kernel offsets, of each offset's gradient slice padded (interior
+    # padding = stride - 1) back to where it was cut: faster inside a step than jax's vjp
+    # of the stacked slices (BENCHMARKS.md, "What moved the figures", fourth session).
     zero = jnp.zeros((), g.dtype)
-    cur = g    # (c, k0..k_i, n, out0..out_i, size_{i+1}..)
-    for i in reversed(range(len(k))):
-        axis = 1 + i                 # the last kernel axis left
-        lo_cfg = [(0, 0, 0)] * (cur.ndim - 1)
-        spatial = 1 + i + 1 + i      # spatial dimension i once `axis` is taken out
-        total = None
-        for off in range(k[i]):
-            lo = off * dilation[i]
-            cfg = list(lo_cfg)
-            cfg[spatial] = (lo, size[i] - lo - (out[i] - 1) * stride[i] - 1, stride[i] - 1)
-            term = lax.pad(lax.index_in_dim(cur, off, axis, keepdims=False), zero, cfg)
-            total = term if total is None else total + term
-        cur = total
-    return (cur,)
+    total = None
+    for off in itertools.product(*(range(kk) for kk in k)):
+        cfg = [(0, 0, 0), (0, 0, 0)]
+        for i, o in enumerate(off):
+            lo = o * dilation[i]
+            cfg.append((lo, size[i] - lo - (out[i] - 1) * stride[i] - 1, stride[i] - 1))
+        term = lax.pad(g[(slice(None),) + off], zero, cfg)
+        total = term if total is None else total + term
+    return (total,)
 
 
 _patches_of.defvjp(_patches_fwd, _patches_bwd)
@@ -84,7 +77,7 @@ _patches_of.defvjp(_patches_fwd, _patches_bwd)
 
 def _patches(xp, k, out, stride, dilation):
     """The patches of the padded (C, N, spatial...) input, (c, k..., n, out...), whose
-    gradient is a sum of padded slices (`_patches_bwd`)."""
+    gradient is one sum over the kernel offsets."""
     return _patches_of(xp, tuple(xp.shape[2:]), tuple(k), tuple(out), tuple(stride), tuple(dilation))
 
 
@@ -140,8 +133,8 @@ def conv_im2col(x, w, stride, padding, dilation):
     position), cut from the input in (C, N, spatial...) order: its contiguous runs are
     output rows (a channels-last matrix's are only C values long), and the weights
     multiply it as they are. Cutting one spatial dimension at a time gives XLA fewer,
-    larger slices than one slice per kernel offset; the patches' gradient sums padded
-    slices one spatial dimension at a time (`_patches_bwd`). Measured against the alternatives: BENCHMARKS.md,
+    larger slices than one slice per kernel offset; the patches' gradient is one sum of
+    padded slices (`_patches_bwd`). Measured against the alternatives: BENCHMARKS.md,
     "What moved the figures", fourth session."""
     n, c = x.shape[:2]
     o = w.shape[0]
