@@ -99,9 +99,8 @@ def configure() -> bool:
         # jax's CPU client already runs (jax was used before torch_xla): its threads
         # have their own arenas, from which large blocks are always mmapped.
         return False
-    import os
-    ok = (limit_arenas() and (os.environ.get("TXJ_MMAP") or libc.mallopt(_M_MMAP_MAX, 0) == 1)
-          and (os.environ.get("TXJ_TRIM") or libc.mallopt(_M_TRIM_THRESHOLD, 2 ** 31 - 1) == 1))
+    ok = (limit_arenas() and libc.mallopt(_M_MMAP_MAX, 0) == 1
+          and libc.mallopt(_M_TRIM_THRESHOLD, 2 ** 31 - 1) == 1)
     _allocator.active = ok
     return ok
 
@@ -115,7 +114,7 @@ def limit_arenas() -> bool:
     if not env_vars.get("PT_XLA_RETAIN_HOST_MEMORY"):
         return False
     libc = _glibc()
-    import os; return bool(libc) and (os.environ.get("TXJ_ARENAS") == "0" or libc.mallopt(_M_ARENA_MAX, int(os.environ.get("TXJ_ARENAS", "1"))) == 1)
+    return bool(libc) and libc.mallopt(_M_ARENA_MAX, 1) == 1
 
 
 def active() -> bool:
