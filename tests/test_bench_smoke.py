@@ -1,0 +1,57 @@
+"""The benchmark scripts of BENCHMARKS.md still run: each at its `--quick` sizes, in a
+subprocess as a user would start it, and its table says what the script measures (the
+xla contender's losses against eager's for the training comparison)."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(script, *args, timeout=300):
+    env = dict(os.environ, PJRT_DEVICE="CPU")
+    out = subprocess.run([sys.executable, os.path.join(REPO, "bench", script), *args], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def _rows(table: str) -> dict:
+    """First cell -> the other cells, for every row of the markdown tables in `table`."""
+    rows = {}
+    for line in table.splitlines():
+        if line.startswith("| ") and not line.startswith("| ---"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            rows.setdefault(cells[0], cells[1:])
+    return rows
+
+
+def test_vs_eager_trains_mnist_with_eagers_losses():
+    rows = _rows(_run("bench_vs_eager.py", "--models", "mnist", "--contenders", "xla,eager", "--rounds", "1",
+                      "--quick"))
+    assert float(rows["xla"][0].split()[0].replace(",", "")) > 0
+    first_x, last_x = (float(v) for v in rows["xla"][4].split(" / "))
+    first_e, last_e = (float(v) for v in rows["eager"][4].split(" / "))
+    assert first_x == pytest.approx(first_e, rel=1e-5)
+    assert last_x == pytest.approx(last_e, rel=1e-3)
+    assert last_x < first_x
+
+
+def test_ab_compares_a_tree_with_itself():
+    out = _run("bench_ab.py", "--base", REPO, "--only", "add,mnist", "--quick", "--rounds", "1")
+    rows = _rows(out)
+    assert {"add", "mnist"} <= set(rows), out
+    for cells in rows.values():
+        if cells[0] in ("tracing us/op, CPU time", "training step ms"):
+            assert re.fullmatch(r"\d+\.\d+", cells[-1]), cells
+
+
+@pytest.mark.slow
+def test_tracing_reports_every_contender():
+    rows = _rows(_run("bench_tracing.py", "--quick"))
+    names = [k for k in rows if k.startswith(("torch-xla-jax", "torch eager", "jax tracer"))]
+    assert len(names) == 3, rows
+    assert all(float(rows[n][0]) > 0 for n in names)
