@@ -97,7 +97,7 @@ def products(rounds: int) -> str:
         batch = (tuple(range(nb)), tuple(range(nb)))
         dn = (((nb if ta else nb + 1,), (nb + 1 if tb else nb,)), batch)
         xla = jax.jit(lambda x, y, dn=dn: lax.dot_general(x, y, dn, precision=lax.Precision.HIGHEST))
-        lib = jax.jit(lambda x, y, ta=ta, tb=tb: blas_cpu._product(x, y, ta, tb))
+        lib = jax.jit(lambda x, y, ta=ta, tb=tb: blas_cpu.product(x, y, ta, tb))
         ja, jb = jax.device_put(a), jax.device_put(b)
         fs = [lambda: xla(ja, jb).block_until_ready(), lambda: lib(ja, jb).block_until_ready()]
         times = [[], []]

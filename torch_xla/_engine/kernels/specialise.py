@@ -43,16 +43,21 @@ class LazyFast:
         self.kernel, self.short = kernel, short
 
     def __call__(self, *args, **kwargs):
-        k = self.kernel
-        if k.fast is None:
-            with _lock:
-                if k.fast is None:
-                    k.fast = specialise(k)
-                    library.replace(self.short, k.fast, "PrivateUse1")
-        return k.fast(*args, **kwargs)
+        return _specialised(self.kernel, self.short)(*args, **kwargs)
 
 
 _lock = threading.Lock()
+
+
+def _specialised(k: OpKernel, short: Optional[str] = None):
+    """`k`'s specialised kernel, generated once (and registered for overload `short`)."""
+    if k.fast is None:
+        with _lock:
+            if k.fast is None:
+                k.fast = specialise(k)
+                if short is not None:
+                    library.replace(short, k.fast, "PrivateUse1")
+    return k.fast
 
 
 def entry_point(k: OpKernel, short: str):
@@ -63,13 +68,7 @@ def entry_point(k: OpKernel, short: str):
 def fast_kernel(k: OpKernel):
     """Kernel `k`'s specialised form (generated now if needed, not registered: for a
     hand-written kernel that calls it), or `k` itself when it has none."""
-    if not specialisable(k):
-        return k
-    if k.fast is None:
-        with _lock:
-            if k.fast is None:
-                k.fast = specialise(k)
-    return k.fast
+    return _specialised(k) if specialisable(k) else k
 
 
 def specialisable(k: OpKernel) -> bool:

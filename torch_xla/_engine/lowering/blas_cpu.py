@@ -108,12 +108,7 @@ def matmul(a, b):
         if all(isinstance(r, tuple) and len(r) == 2 and r[0] == "%" for r in refs):
             a, ta = _resolved(node.operands[refs[0][1]], a)
             b, tb = _resolved(node.operands[refs[1][1]], b)
-    return _product(a, b, ta, tb)
-
-
-def product(a, b, ta: bool = False, tb: bool = False):
-    """op(a) @ op(b) by the handler (op: transposed where the flag says), differentiable."""
-    return _product(a, b, ta, tb)
+    return product(a, b, ta, tb)
 
 
 def _call(a, b, ta: bool, tb: bool):
@@ -124,26 +119,26 @@ def _call(a, b, ta: bool, tb: bool):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _product(a, b, ta: bool, tb: bool):
-    """op(a) @ op(b) by the handler, differentiable to any order (lowerings that take
+def product(a, b, ta: bool, tb: bool):
+    """op(a) @ op(b) by the handler (op: transposed where the flag says), differentiable to any order (lowerings that take
     `jax.vjp` of a forward, as conv_cpu's and the backward lowerings do): each gradient is
     again such a product, its transposed operands read without a copy."""
     return _call(a, b, ta, tb)
 
 
 def _product_fwd(a, b, ta, tb):
-    return _product(a, b, ta, tb), (a, b)
+    return product(a, b, ta, tb), (a, b)
 
 
 def _product_bwd(ta, tb, res, g):
     a, b = res
     if not ta and not tb:     # c = a b
-        return _product(g, b, False, True), _product(a, g, True, False)
+        return product(g, b, False, True), product(a, g, True, False)
     if not ta:                # c = a bᵀ, b stored (n, k)
-        return _product(g, b, False, False), _product(g, a, True, False)
+        return product(g, b, False, False), product(g, a, True, False)
     if not tb:                # c = aᵀ b, a stored (k, m)
-        return _product(b, g, False, True), _product(a, g, False, False)
-    return _product(b, g, True, True), _product(g, a, True, True)   # c = aᵀ bᵀ
+        return product(b, g, False, True), product(a, g, False, False)
+    return product(b, g, True, True), product(g, a, True, True)   # c = aᵀ bᵀ
 
 
-_product.defvjp(_product_fwd, _product_bwd)
+product.defvjp(_product_fwd, _product_bwd)
