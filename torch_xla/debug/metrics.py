@@ -48,6 +48,7 @@ def short_metrics_report(counter_names: Optional[List[str]] = None,
     """A report of a few key metrics and counters (those named, or by default the compile,
     execute and transfer times, the compile cache's hits and misses and `MarkStep`), always followed by the
     CPU fallback counters (`aten::...`)."""
+    _m.settle()   # the runs whose results were read, before the active metrics are picked
     counters = list(counter_names or _SHORT_COUNTERS)
     counters += [c for c in executed_fallback_ops() if c not in counters]
     return format_report([m for m in (metric_names or _SHORT_METRICS) if m in _m.metrics], counters)
