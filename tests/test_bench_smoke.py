@@ -45,3 +45,14 @@ def test_tracing_reports_every_contender():
     names = [k for k in rows if k.startswith(("torch-xla-jax", "torch eager", "jax tracer"))]
     assert len(names) == 3, rows
     assert all(float(rows[n][0]) > 0 for n in names)
+
+
+def test_conv_formulations_report_each_variant():
+    variant = '{"eigen": {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE,' \
+              'LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}}'
+    # the script exits non-zero when a variant's outputs differ from XLA's default
+    out = _run("bench_conv.py", "--quick", "--rounds", "1", "--xla-variants", variant)
+    rows = _rows(out)
+    head = rows.pop("convolution")
+    assert head[:3] == ["XLA fwd ms", "XLA eigen fwd ms", "im2col fwd ms"]
+    assert len(rows) == 3 and all(len(v) == 9 and all(float(c) > 0 for c in v) for v in rows.values()), rows
