@@ -555,3 +555,24 @@ def test_cpu_fallback_of_a_lowered_op_passes_keyword_only_arguments_by_name():
     inner = [torch._from_functional_tensor(t.to(dev)) for t in (base, index, src)]
     out = k._fallback([inner[0], 0, inner[1], inner[2], "amax", False])
     assert torch.equal(out.cpu(), want)
+
+
+def test_stream_synchronize_from_another_thread_leaves_pending_operations_alone():
+    # torch.distributed.checkpoint's writer waits on the device stream from its own thread
+    # while training goes on: the wait must not run (and donate the buffers of) operations
+    # the training thread is still recording.
+    import threading
+    dev = torch_xla.device()
+    w = torch.arange(8, dtype=torch.float32, device=dev)
+    torch_xla.sync()
+    with torch.no_grad():
+        w.add_(1.0)
+    met.clear_all()
+    t = threading.Thread(target=lambda: torch.xla.current_stream().synchronize())
+    t.start()
+    t.join()
+    assert met.metric_data("ExecuteTime") is None or met.metric_data("ExecuteTime")[0] == 0
+    with torch.no_grad():
+        w.add_(1.0)
+    torch_xla.sync()
+    torch.testing.assert_close(w.cpu(), torch.arange(8, dtype=torch.float32) + 2)

@@ -34,7 +34,11 @@ class Stream:
     it means waiting for every launched program."""
 
     def synchronize(self) -> None:
-        executor.sync(wait=True)
+        # Launched programs only, as a CUDA stream's synchronize waits for queued kernels:
+        # a barrier here would run the pending operations other threads are still
+        # recording (torch.distributed.checkpoint's writer calls this from its own thread
+        # while training goes on) and donate buffers those threads have just read.
+        pjrt.wait_all_buffers()
 
     def wait_stream(self, other: "Stream") -> None:
         return None
