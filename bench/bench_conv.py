@@ -71,15 +71,17 @@ def main(argv=None):
     variants = json.loads(args.xla_variants)
     shapes = SHAPES[:3] if args.quick else SHAPES
     reps = 3 if args.quick else 7
-    labels = ["lax"] + [f"lax:{v}" for v in variants] + ["im2col"]
-    heads = ["XLA" if k == "lax" else f"XLA {k[4:]}" if k.startswith("lax:") else "im2col" for k in labels]
+    # column label -> (formulation, XLA options); the first is the variants' reference
+    forms = {"XLA": (conv_cpu.conv_lax, {}), **{f"XLA {v}": (conv_cpu.conv_lax, o) for v, o in variants.items()},
+             "im2col": (conv_cpu.conv_im2col, {})}
+    labels = list(forms)
     cmd = ("PJRT_DEVICE=CPU python bench/bench_conv.py" + (" --quick" if args.quick else "")
            + (f" --rounds {args.rounds}" if args.rounds != 3 else ""))
     if variants:
         cmd += f" --xla-variants '{args.xla_variants}'"
     print(f"`{cmd}`{'' if retained else ' (C heap left as glibc has it: PT_XLA_RETAIN_HOST_MEMORY=0 or not glibc)'}\n")
     print("| convolution | " + " | ".join(f"{h} {part} ms" for part in ("fwd", "grad-input", "grad-weight")
-                                          for h in heads) + " |")
+                                          for h in labels) + " |")
     print("|---" * (1 + 3 * len(labels)) + "|")
     rng = np.random.default_rng(0)
     for name, xs, ws, s, pd in shapes:
@@ -88,9 +90,7 @@ def main(argv=None):
         x = jax.numpy.asarray(rng.standard_normal(xs, dtype=np.float32))
         w = jax.numpy.asarray(rng.standard_normal(ws, dtype=np.float32))
         fns = {}
-        for label in labels:
-            conv = conv_cpu.conv_im2col if label == "im2col" else conv_cpu.conv_lax
-            opts = variants.get(label[4:], {}) if label.startswith("lax:") else {}
+        for label, (conv, opts) in forms.items():
             f = lambda a, b, conv=conv: conv(a, b, st, pa, di)
             g = jax.numpy.ones(jax.eval_shape(f, x, w).shape, np.float32)
             parts = ((f, (x, w)),
@@ -98,7 +98,7 @@ def main(argv=None):
                      (lambda a, b, g, f=f: jax.vjp(lambda b: f(a, b), b)[1](g)[0], (x, w, g)))
             fns[label] = [(jax.jit(fn).lower(*a).compile(compiler_options=opts), a) for fn, a in parts]
         for label in labels[1:-1]:
-            for (f, a), (f0, _) in zip(fns[label], fns["lax"]):
+            for (f, a), (f0, _) in zip(fns[label], fns["XLA"]):
                 got, want = np.asarray(f(*a)), np.asarray(f0(*a))
                 err = float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-30))
                 if err > 1e-4:

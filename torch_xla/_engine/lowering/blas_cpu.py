@@ -120,9 +120,10 @@ def _call(a, b, ta: bool, tb: bool):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def product(a, b, ta: bool, tb: bool):
-    """op(a) @ op(b) by the handler (op: transposed where the flag says), differentiable to any order (lowerings that take
-    `jax.vjp` of a forward, as conv_cpu's and the backward lowerings do): each gradient is
-    again such a product, its transposed operands read without a copy."""
+    """op(a) @ op(b) by the handler (op: transposed where the flag says), differentiable to
+    any order (lowerings that take `jax.vjp` of a forward, as conv_cpu's and the backward
+    lowerings do): each gradient is again such a product, its transposed operands read
+    without a copy."""
     return _call(a, b, ta, tb)
 
 
