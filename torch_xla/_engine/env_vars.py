@@ -84,8 +84,11 @@ _VARS = [
         "`0`: leave Python's garbage collector as it is (no `gc.freeze()`, no threshold change, no pause during imports)"),
     Var("PT_XLA_CPU_BLAS", "bool", True,
         "`0`: XLA computes every float32 matrix product of CPU programs (no call of PyTorch's BLAS)"),
-    Var("PT_XLA_RETAIN_HOST_MEMORY", "bool", True,
-        "`0`: leave glibc's allocator as it is on the CPU device (no `mallopt`)"),
+    Var("PT_XLA_RETAIN_HOST_MEMORY", "str", "1",
+        "the C heap on the CPU device: `1` one malloc arena that keeps every buffer resident; "
+        "`threads` an arena per thread and temporary buffers cut to fit one (steps of small "
+        "programs up to ~15% faster; a buffer over 64 MiB is mapped afresh at every step); "
+        "`0` glibc's allocator as it is (no `mallopt`)"),
     Var("PT_XLA_PATCH_MODULE_APPLY", "bool", True,
         "`0`: do not wrap `torch.nn.Module._apply` (tied parameters may come untied by `.to(xla)`)"),
     Var("PT_XLA_LEAN_INPLACE_META", "bool", True,
@@ -200,14 +203,14 @@ _VARS = [
 ]
 VARS: Dict[str, Var] = {v.name: v for v in _VARS}
 _cache: Dict[str, Any] = {}
-_FALSE = ("", "0", "false", "no", "off")
+FALSE_WORDS = ("", "0", "false", "no", "off")
 
 
 def _parse(var: Var, raw: Optional[str]) -> Any:
     if raw is None or (raw == "" and var.kind != "str"):
         return var.default
     if var.kind == "bool":
-        return raw.strip().lower() not in _FALSE
+        return raw.strip().lower() not in FALSE_WORDS
     if var.kind == "int":
         try:
             return int(raw)

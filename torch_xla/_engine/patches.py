@@ -184,15 +184,17 @@ REGISTRY: List[Patch] = [
           "(`--xla_cpu_enable_concurrency_optimized_scheduler=false`) and "
           "`CPU_NUM_DEVICES` virtual devices", "_engine.boot:configure_env", JAX_START),
     Patch("malloc_arena_limit", "glibc's allocator: one malloc arena for the threads started from then on "
-          "(`mallopt(M_ARENA_MAX, 1)`)", "import, when `PJRT_DEVICE=CPU` (or `JAX_PLATFORMS=cpu`) is set then",
-          "PT_XLA_RETAIN_HOST_MEMORY",
+          "(`mallopt(M_ARENA_MAX, 1)`; not with `PT_XLA_RETAIN_HOST_MEMORY=threads`)",
+          "import, when `PJRT_DEVICE=CPU` (or `JAX_PLATFORMS=cpu`) is set then", "PT_XLA_RETAIN_HOST_MEMORY",
           "the first part of `retain_host_memory`, before any thread allocates: a thread that allocates "
           "earlier (PyTorch's OpenMP workers while a model is built) gets an arena of its own, glibc "
           "then hands XLA's threads the existing arenas in turn, and a large block from a non-main "
           "arena is mmapped and page-faulted in at every step (the decoder's step: 58,000 faults "
           "and ~30% slower in a quarter of the processes)", "_engine.boot:limit_malloc_arenas", IMPORT,
           "_arenas_unlimited()"),
-    Patch("retain_host_memory", "glibc's allocator (`mallopt`: one arena, no mmap, no trim)",
+    Patch("retain_host_memory", "glibc's allocator (`mallopt`: one arena, no mmap, no trim; with "
+          "`PT_XLA_RETAIN_HOST_MEMORY=threads` an arena per thread with a 64 MiB top pad, and CPU "
+          "programs compiled with their temporary buffer in pieces of at most 32 MiB)",
           "first device use on CPU, before jax's CPU client starts", "PT_XLA_RETAIN_HOST_MEMORY",
           "XLA:CPU's large buffers would be mmapped and page-faulted in again at every step "
           "(`platform/host_memory.py`)", "_engine.boot:retain_host_memory", JAX_START,
@@ -274,7 +276,10 @@ def enabled(name: str) -> bool:
     p = _BY_NAME[name]
     if p.opt_out is None or p.opt_out not in env_vars.VARS:
         return True
-    return bool(env_vars.get(p.opt_out))
+    value = env_vars.get(p.opt_out)
+    if isinstance(value, str):   # a setting with values of its own: `0` and its synonyms are off
+        return value.strip().lower() not in env_vars.FALSE_WORDS
+    return bool(value)
 
 
 def install(name: str) -> bool:

@@ -96,15 +96,17 @@ def compile_graph(graph: Graph, strategy, args, donate: tuple, metric: str = "Co
         def build(jit_options: dict):
             with pjrt.phase("torch_xla::lower"):
                 lowered = jax.jit(fn, donate_argnums=donate, keep_unused=True, **jit_options).lower(*args)
+                extra = pol.lowered_options(lowered)
             with pjrt.phase("torch_xla::compile"):
-                return lowered, _compile(lowered, first)
+                return lowered, extra, _compile(lowered, {**first, **extra})
         try:
-            lowered, compiled = build(strategy.jit_options(graph, args))
+            lowered, extra, compiled = build(strategy.jit_options(graph, args))
         except Exception as e:  # noqa: BLE001  (the strategy judges any compile error; re-raised unless it retries)
             again = strategy.retry_options(graph, args, e)
             if again is None:
                 raise
-            lowered, compiled = build(again)
+            lowered, extra, compiled = build(again)
+        opts = {**opts, **extra}
     strategy.compiled()
     telemetry.inc("UncachedCompile")
     telemetry.inc("CreateCompileHandles")

@@ -35,6 +35,11 @@ class Policy:
         `library_products`: which of its float32 products call the library handler."""
         return {}
 
+    def lowered_options(self, lowered) -> dict:
+        """Options that depend on the lowered program (a jax `Lowered`), added to
+        `compiler_options`'."""
+        return {}
+
     def quick_compiler_options(self, nodes: int) -> Optional[dict]:
         """Options for a quick first compile of a program of `nodes` IR nodes, whose
         optimized compile then runs in the background (executor/tiers.py); None: compile

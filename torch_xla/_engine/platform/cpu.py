@@ -1,6 +1,8 @@
 """The CPU policy: compiler options per program, and host-memory pacing (`host_memory`)."""
 from __future__ import annotations
 
+import math
+import re
 from typing import Iterable, Optional, Tuple
 
 import numpy as np
@@ -12,6 +14,7 @@ from .base import ALL_PRODUCTS, LONG_REDUCTIONS, NO_PRODUCTS, Policy
 
 _BIG_BMM_BYTES = 16 << 20
 _YNN_OPTION = "xla_cpu_experimental_ynn_fusion_type"
+_PIECE_OPTION = "xla_multiheap_size_constraint_per_heap"
 # Only compilations this long leave enough garbage to be worth a trim (a trim walks the
 # whole heap; the test suite compiles thousands of small programs).
 _RELEASE_AFTER_S = 0.5
@@ -37,6 +40,20 @@ def host_cpu_flags() -> frozenset:
             pass
         _HOST_CPU_FLAGS = flags
     return _HOST_CPU_FLAGS
+
+
+# A ranked tensor type of the StableHLO text: its dimensions and element type.
+_TENSOR_TYPE = re.compile(r"tensor<((?:\d+x)+)([a-z]+)(\d*)")
+
+
+def largest_array_bytes(module_text: str) -> int:
+    """The bytes of the largest array a StableHLO module's text names (a complex element
+    counts 16 bytes, an element of unknown width 8)."""
+    largest = 0
+    for dims, kind, bits in set(_TENSOR_TYPE.findall(module_text)):
+        itemsize = 16 if kind == "complex" else (max(1, int(bits) // 8) if bits else 8)
+        largest = max(largest, math.prod(int(d) for d in dims[:-1].split("x")) * itemsize)
+    return largest
 
 
 def prepare_process() -> None:
@@ -89,6 +106,16 @@ class CpuPolicy(Policy):
 
     def compiler_options(self, ops, library_products: str = NO_PRODUCTS):
         return compiler_options(ops, library_products)
+
+    def lowered_options(self, lowered) -> dict:
+        # With an arena per thread, the temporary buffer in pieces a thread's heap can keep
+        # (platform/host_memory.py). XLA warns of every buffer larger than a piece, so a
+        # piece is at least the program's largest array (that one is mapped afresh at every
+        # run anyway when it is over the heap's 64 MiB).
+        piece = host_memory.temp_piece_bytes()
+        if not piece or _PIECE_OPTION in (env_vars.get("XLA_FLAGS") or ""):
+            return {}
+        return {_PIECE_OPTION: max(piece, largest_array_bytes(lowered.as_text()))}
 
     def library_products(self) -> str:
         # PyTorch's BLAS for float32 products (platform/cpu_blas.py). Without AVX-512 it

@@ -23,7 +23,16 @@ previous large program's temporary buffer is free. Only programs whose temporary
 is at least `LARGE_TEMP_BYTES` are held back this way (their execution dwarfs the short
 gap); smaller programs are dispatched at once and run ahead as before.
 
-`PT_XLA_RETAIN_HOST_MEMORY=0` leaves the C allocator as it is.
+One arena serializes every thread's allocations on one lock, and its free lists hold
+every thread's freed blocks: programs of a few milliseconds (MNIST's step) run ~15%
+slower than with glibc's arena per thread. `PT_XLA_RETAIN_HOST_MEMORY=threads` keeps an
+arena per thread instead and makes each fit what it keeps: programs are compiled with
+their temporary buffer cut into pieces of at most `TEMP_PIECE_BYTES` (XLA's
+`xla_multiheap_size_constraint_per_heap`), each of which fits a non-main arena's 64 MiB
+heap, and a top pad keeps an emptied heap mapped for the next step. A single buffer over
+64 MiB is still mapped afresh at every step there (a decoder at batch 16 x 512 took 1.45x
+as long a step), which is why one arena stays the default (BENCHMARKS.md, issue 35,
+twelfth session). `PT_XLA_RETAIN_HOST_MEMORY=0` leaves the C allocator as it is.
 """
 from __future__ import annotations
 
@@ -36,6 +45,11 @@ from typing import Optional
 from .. import env_vars
 
 LARGE_TEMP_BYTES = 64 << 20
+# Per-thread arenas: the largest piece of a temporary buffer (a non-main arena's heap
+# holds at most 64 MiB, its header included), and the top pad that keeps an emptied heap.
+TEMP_PIECE_BYTES = 32 << 20
+_TOP_PAD_BYTES = 64 << 20
+ONE_ARENA, PER_THREAD, OFF = "one arena", "per thread", "off"
 # XLA frees the temporary buffer a few ms after the outputs are ready (BENCHMARKS.md, as
 # above); past this the dispatch goes ahead rather than stall.
 _FREE_WAIT_S = 0.05
@@ -45,7 +59,7 @@ _FREE_WAIT_S = 0.05
 # twice (BENCHMARKS.md, issue 35, seventh session).
 _FREE_GRACE_S = 0.0005
 
-_M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -2, -4, -8
 
 
 class _MallInfo2(ctypes.Structure):
@@ -57,13 +71,15 @@ class _MallInfo2(ctypes.Structure):
 class _Allocator:
     """`libc`: glibc's handle (None: not looked up yet; False: not glibc 2.33+), looked up
     by the first thread that asks, without a lock (a race loads the same library twice).
-    `active`: `configure` changed the allocator; written once at jax's start (under
-    `boot._lock`), read by any thread that dispatches or compiles a program."""
-    __slots__ = ("libc", "active")
+    `active`: `configure` changed the allocator; `per_thread`: with an arena per thread.
+    Both written once at jax's start (under `boot._lock`), read by any thread that
+    dispatches or compiles a program."""
+    __slots__ = ("libc", "active", "per_thread")
 
     def __init__(self):
         self.libc = None
         self.active = False
+        self.per_thread = False
 
 
 _allocator = _Allocator()
@@ -84,12 +100,27 @@ def _glibc():
     return _allocator.libc
 
 
+def mode() -> str:
+    """The heap policy `PT_XLA_RETAIN_HOST_MEMORY` names: ONE_ARENA (`1`, the default),
+    PER_THREAD (`threads`) or OFF (`0`)."""
+    raw = (env_vars.get("PT_XLA_RETAIN_HOST_MEMORY") or "1").strip().lower()
+    if raw in ("1", "true", "yes", "on"):
+        return ONE_ARENA
+    if raw == "threads":
+        return PER_THREAD
+    if raw in env_vars.FALSE_WORDS:
+        return OFF
+    raise ValueError(f"environment variable PT_XLA_RETAIN_HOST_MEMORY={raw!r} is not one of "
+                     "1, threads, 0")
+
+
 def configure() -> bool:
     """Makes freed C-heap memory stay resident (see the module docstring). Called once,
     before the CPU client starts its threads; returns whether the allocator was changed."""
     if _allocator.active:
         return True
-    if not env_vars.get("PT_XLA_RETAIN_HOST_MEMORY"):
+    policy = mode()
+    if policy == OFF:
         return False
     libc = _glibc()
     if not libc:
@@ -101,7 +132,12 @@ def configure() -> bool:
         return False
     ok = (limit_arenas() and libc.mallopt(_M_MMAP_MAX, 0) == 1
           and libc.mallopt(_M_TRIM_THRESHOLD, 2 ** 31 - 1) == 1)
+    if ok and policy == PER_THREAD:
+        # glibc unmaps a non-main heap whose every block is free unless the top pad
+        # covers it: the next step would fault all of it in again
+        ok = libc.mallopt(_M_TOP_PAD, _TOP_PAD_BYTES) == 1
     _allocator.active = ok
+    _allocator.per_thread = ok and policy == PER_THREAD
     return ok
 
 
@@ -110,15 +146,24 @@ def limit_arenas() -> bool:
     as early as `import torch_xla`): a thread that allocates before the limit gets an arena
     of its own, and glibc then hands the threads started later (XLA's) the existing arenas
     in turn, whatever the limit; a large block from an arena other than the main one is
-    mmapped at every allocation. Returns whether the limit was set."""
-    if not env_vars.get("PT_XLA_RETAIN_HOST_MEMORY"):
+    mmapped at every allocation. Returns whether the limit was set (with
+    `PT_XLA_RETAIN_HOST_MEMORY=threads` there is no limit to set: whether glibc is there)."""
+    policy = mode()
+    if policy == OFF:
         return False
     libc = _glibc()
+    if policy == PER_THREAD:
+        return bool(libc)
     return bool(libc) and libc.mallopt(_M_ARENA_MAX, 1) == 1
 
 
 def active() -> bool:
     return _allocator.active
+
+
+def temp_piece_bytes() -> int:
+    """The largest piece a program's temporary buffer may be cut into (0: one piece)."""
+    return TEMP_PIECE_BYTES if _allocator.per_thread else 0
 
 
 def release() -> None:
