@@ -115,7 +115,11 @@ class CpuPolicy(Policy):
         piece = host_memory.temp_piece_bytes()
         if not piece or _PIECE_OPTION in (env_vars.get("XLA_FLAGS") or ""):
             return {}
-        return {_PIECE_OPTION: max(piece, largest_array_bytes(lowered.as_text()))}
+        try:
+            text = lowered.as_text()
+        except Exception:  # noqa: BLE001  (a module jax cannot print: the pieces alone)
+            return {_PIECE_OPTION: piece}
+        return {_PIECE_OPTION: max(piece, largest_array_bytes(text))}
 
     def library_products(self) -> str:
         # PyTorch's BLAS for float32 products (platform/cpu_blas.py). Without AVX-512 it
