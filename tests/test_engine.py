@@ -532,7 +532,8 @@ def test_per_thread_arenas_keep_a_large_temporary_buffer_in_pieces(tmp_path):
 
 
 @pytest.mark.parametrize("raw, mode", [(None, "one arena"), ("1", "one arena"), ("threads", "per thread"),
-                                       ("0", "off"), ("false", "off"), (" Threads ", "per thread")])
+                                       ("0", "off"), ("false", "off"), (" Threads ", "per thread"),
+                                       ("", "one arena")])
 def test_host_memory_mode_follows_the_variable(monkeypatch, raw, mode):
     from torch_xla._engine import env_vars, patches
     from torch_xla._engine.platform import host_memory

@@ -278,7 +278,8 @@ def enabled(name: str) -> bool:
         return True
     value = env_vars.get(p.opt_out)
     if isinstance(value, str):   # a setting with values of its own: `0` and its synonyms are off
-        return value.strip().lower() not in env_vars.FALSE_WORDS
+        word = value.strip().lower()
+        return not word or word not in env_vars.FALSE_WORDS
     return bool(value)
 
 

@@ -36,8 +36,8 @@ class Policy:
         return {}
 
     def lowered_options(self, lowered) -> dict:
-        """Options that depend on the lowered program (a jax `Lowered`), added to
-        `compiler_options`'."""
+        """Options that depend on the lowered program (a jax `Lowered`), on top of
+        `compiler_options`."""
         return {}
 
     def quick_compiler_options(self, nodes: int) -> Optional[dict]:

@@ -103,7 +103,7 @@ def _glibc():
 def mode() -> str:
     """The heap policy `PT_XLA_RETAIN_HOST_MEMORY` names: ONE_ARENA (`1`, the default),
     PER_THREAD (`threads`) or OFF (`0`)."""
-    raw = (env_vars.get("PT_XLA_RETAIN_HOST_MEMORY") or "1").strip().lower()
+    raw = (env_vars.get("PT_XLA_RETAIN_HOST_MEMORY") or "").strip().lower() or "1"
     if raw in ("1", "true", "yes", "on"):
         return ONE_ARENA
     if raw == "threads":
