@@ -430,70 +430,24 @@ def test_attention_sized_batched_matmul_compiles_without_ynnpack_fusions(monkeyp
 
 
 _RESIDENT_SCRIPT = r"""
-import resource, torch, torch_xla
+import resource, sys, torch, torch_xla
 import torch_xla.core.xla_model as xm
 from torch_xla._engine.executor import compile as compiling
 from torch_xla._engine.platform import host_memory
 
-def f(t):
+def large(t):
     e = torch.exp(t * 0.5)
     return e.sum(0) + (e @ e[:64].t()).sum(0).mean(), e.cumsum(1)[:, -1]
 
-x = torch.randn(2048, 8192)
-xd = x.to(xm.xla_device())
-want = f(x)
-faults, err = [], 0.0
-for run in range(8):
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    got = f(xd)
-    xm.mark_step()
-    got = [g.cpu() for g in got]
-    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-    err = max(err, *[((g - w).abs() / (w.abs() + 1)).max().item() for g, w in zip(got, want)])
-temp = max(e.paced for es in compiling._cache.values() for e in es)
-print(host_memory.active(), temp, err, faults)
-"""
-
-
-def test_large_programs_reuse_resident_host_memory(tmp_path):
-    # host_memory: on CPU the C heap keeps freed buffers, so a program with a large
-    # temporary buffer does not page-fault it in again at every execution; values are
-    # those of the CPU, run after run. A fresh process: the allocator is set up before
-    # jax's CPU client starts (a client started earlier leaves glibc as it is).
-    from torch_xla._engine.platform import host_memory
-    script = tmp_path / "resident.py"
-    script.write_text(_RESIDENT_SCRIPT)
-    env = dict(os.environ, PJRT_DEVICE="CPU")
-    env.pop("PT_XLA_RETAIN_HOST_MEMORY", None)
-    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    active, temp, err, faults = out.stdout.strip().splitlines()[-1].split(" ", 3)
-    faults = [int(f) for f in faults.strip("[]").split(",")]
-    assert active == "True"
-    assert float(err) < 1e-4
-    assert int(temp) >= host_memory.LARGE_TEMP_BYTES
-    # Without retention every run faults its whole temporary buffer in (one fault per
-    # 4 KiB page: ~35,000 here). Retained, the heap settles within the first runs (a small
-    # allocation may take the start of a freed buffer, which then no longer fits there),
-    # then runs touch only resident pages (on a loaded machine settling took up to four
-    # runs): the last three together fault less than half a buffer's pages.
-    assert sum(faults[-3:]) < int(temp) // 4096 // 2, (faults, temp)
-
-
-_RESIDENT_PIECES_SCRIPT = r"""
-import resource, torch, torch_xla
-import torch_xla.core.xla_model as xm
-from torch_xla._engine.executor import compile as compiling
-from torch_xla._engine.platform import host_memory
-
-def f(t):
+def pieces(t):
     e = torch.exp(t * 0.5)
     m1 = e @ e.t() * 1e-3
     m2 = m1 @ e * 1e-3
     c = e.cumsum(1)
     return (m2 + c).sum(0), m1.sum(0) + c[:, -1]
 
-x = torch.randn(2048, 3072)
+f = {"large": large, "pieces": pieces}[sys.argv[1]]
+x = torch.randn(2048, int(sys.argv[2]))
 xd = x.to(xm.xla_device())
 want = f(x)
 faults, err = [], 0.0
@@ -505,8 +459,42 @@ for run in range(8):
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     err = max(err, *[((g - w).abs() / (w.abs() + 1)).max().item() for g, w in zip(got, want)])
 temp = max(host_memory.temp_bytes(e.compiled) for es in compiling._cache.values() for e in es)
-print(host_memory.mode().replace(" ", "_"), host_memory.temp_piece_bytes(), temp, err, faults)
+print(host_memory.active(), host_memory.mode().replace(" ", "_"), host_memory.temp_piece_bytes(), temp, err,
+      faults)
 """
+
+
+def _resident_runs(tmp_path, program: str, columns: int, env: dict):
+    """Runs `program` of _RESIDENT_SCRIPT eight times in a fresh process with `env`:
+    (active, mode, piece bytes, temporary bytes, max relative error vs CPU, page faults per run)."""
+    script = tmp_path / "resident.py"
+    script.write_text(_RESIDENT_SCRIPT)
+    out = subprocess.run([sys.executable, str(script), program, str(columns)], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    active, mode, piece, temp, err, faults = out.stdout.strip().splitlines()[-1].split(" ", 5)
+    return (active == "True", mode, int(piece), int(temp), float(err),
+            [int(f) for f in faults.strip("[]").split(",")])
+
+
+def test_large_programs_reuse_resident_host_memory(tmp_path):
+    # host_memory: on CPU the C heap keeps freed buffers, so a program with a large
+    # temporary buffer does not page-fault it in again at every execution; values are
+    # those of the CPU, run after run. A fresh process: the allocator is set up before
+    # jax's CPU client starts (a client started earlier leaves glibc as it is).
+    from torch_xla._engine.platform import host_memory
+    env = dict(os.environ, PJRT_DEVICE="CPU")
+    env.pop("PT_XLA_RETAIN_HOST_MEMORY", None)
+    active, _, _, temp, err, faults = _resident_runs(tmp_path, "large", 8192, env)
+    assert active
+    assert err < 1e-4
+    assert temp >= host_memory.LARGE_TEMP_BYTES
+    # Without retention every run faults its whole temporary buffer in (one fault per
+    # 4 KiB page: ~35,000 here). Retained, the heap settles within the first runs (a small
+    # allocation may take the start of a freed buffer, which then no longer fits there),
+    # then runs touch only resident pages (on a loaded machine settling took up to four
+    # runs): the last three together fault less than half a buffer's pages.
+    assert sum(faults[-3:]) < temp // 4096 // 2, (faults, temp)
 
 
 def test_per_thread_arenas_keep_a_large_temporary_buffer_in_pieces(tmp_path):
@@ -515,52 +503,49 @@ def test_per_thread_arenas_keep_a_large_temporary_buffer_in_pieces(tmp_path):
     # in pieces that fit, so it stays resident from run to run like one arena's, with the
     # CPU's values.
     from torch_xla._engine.platform import host_memory
-    script = tmp_path / "pieces.py"
-    script.write_text(_RESIDENT_PIECES_SCRIPT)
     env = dict(os.environ, PJRT_DEVICE="CPU", PT_XLA_RETAIN_HOST_MEMORY="threads")
     env.pop("XLA_FLAGS", None)
-    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    mode, piece, temp, err, faults = out.stdout.strip().splitlines()[-1].split(" ", 4)
-    faults = [int(f) for f in faults.strip("[]").split(",")]
-    assert (mode, int(piece)) == ("per_thread", host_memory.TEMP_PIECE_BYTES)
-    assert float(err) < 1e-4
-    assert int(temp) >= host_memory.LARGE_TEMP_BYTES
+    _, mode, piece, temp, err, faults = _resident_runs(tmp_path, "pieces", 3072, env)
+    assert (mode, piece) == ("per_thread", host_memory.TEMP_PIECE_BYTES)
+    assert err < 1e-4
+    assert temp >= host_memory.LARGE_TEMP_BYTES
     # In one piece (an arena per thread without the cut) every run faults the whole
     # buffer in again (~23,000 faults here); in pieces the heaps settle within a few runs.
-    assert sum(faults[-3:]) < int(temp) // 4096 // 2, (faults, temp)
+    assert sum(faults[-3:]) < temp // 4096 // 2, (faults, temp)
+
+
+@pytest.fixture
+def retain_host_memory(monkeypatch):
+    """Sets PT_XLA_RETAIN_HOST_MEMORY (None: unset) for the test's reads of it."""
+    from torch_xla._engine import env_vars
+
+    def set_to(raw):
+        if raw is None:
+            monkeypatch.delenv("PT_XLA_RETAIN_HOST_MEMORY", raising=False)
+        else:
+            monkeypatch.setenv("PT_XLA_RETAIN_HOST_MEMORY", raw)
+        env_vars.reload()
+    yield set_to
+    monkeypatch.undo()
+    env_vars.reload()
 
 
 @pytest.mark.parametrize("raw, mode", [(None, "one arena"), ("1", "one arena"), ("threads", "per thread"),
                                        ("0", "off"), ("false", "off"), (" Threads ", "per thread"),
                                        ("", "one arena")])
-def test_host_memory_mode_follows_the_variable(monkeypatch, raw, mode):
-    from torch_xla._engine import env_vars, patches
+def test_host_memory_mode_follows_the_variable(retain_host_memory, raw, mode):
+    from torch_xla._engine import patches
     from torch_xla._engine.platform import host_memory
-    if raw is None:
-        monkeypatch.delenv("PT_XLA_RETAIN_HOST_MEMORY", raising=False)
-    else:
-        monkeypatch.setenv("PT_XLA_RETAIN_HOST_MEMORY", raw)
-    env_vars.reload()
-    try:
-        assert host_memory.mode() == mode
-        assert patches.enabled("retain_host_memory") is (mode != "off")
-    finally:
-        monkeypatch.undo()
-        env_vars.reload()
+    retain_host_memory(raw)
+    assert host_memory.mode() == mode
+    assert patches.enabled("retain_host_memory") is (mode != "off")
 
 
-def test_host_memory_mode_refuses_an_unknown_value(monkeypatch):
-    from torch_xla._engine import env_vars
+def test_host_memory_mode_refuses_an_unknown_value(retain_host_memory):
     from torch_xla._engine.platform import host_memory
-    monkeypatch.setenv("PT_XLA_RETAIN_HOST_MEMORY", "per-thread")
-    env_vars.reload()
-    try:
-        with pytest.raises(ValueError, match="PT_XLA_RETAIN_HOST_MEMORY='per-thread' is not one of 1, threads, 0"):
-            host_memory.mode()
-    finally:
-        monkeypatch.undo()
-        env_vars.reload()
+    retain_host_memory("per-thread")
+    with pytest.raises(ValueError, match="PT_XLA_RETAIN_HOST_MEMORY='per-thread' is not one of 1, threads, 0"):
+        host_memory.mode()
 
 
 def test_host_memory_retention_can_be_turned_off():
