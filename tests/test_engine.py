@@ -514,6 +514,32 @@ def test_per_thread_arenas_keep_a_large_temporary_buffer_in_pieces(tmp_path):
     assert sum(faults[-3:]) < temp // 4096 // 2, (faults, temp)
 
 
+_UNKEPT_SCRIPT = r"""
+import torch, torch_xla
+x = torch.randn(4096, 4200)   # 65.6 MiB: over a per-thread heap's 64 MiB
+xd = x.to(torch_xla.device())
+got = [((xd * 2).exp().sum(0)).cpu(), ((xd + 1).abs().sum(1)).cpu()]   # two programs
+want = [(x * 2).exp().sum(0), (x + 1).abs().sum(1)]
+print(all(torch.allclose(g, w, rtol=1e-4) for g, w in zip(got, want)))
+"""
+
+
+@pytest.mark.parametrize("setting, warns", [("threads", True), ("1", False)])
+def test_per_thread_arenas_warn_once_of_an_array_they_cannot_keep(setting, warns):
+    # With PT_XLA_RETAIN_HOST_MEMORY=threads a buffer over 64 MiB is mapped afresh at every
+    # run: the first program that has such an array says so, once per process, and the
+    # values are the CPU's; the default keeps it resident and says nothing.
+    env = dict(os.environ, PJRT_DEVICE="CPU", PT_XLA_RETAIN_HOST_MEMORY=setting)
+    out = subprocess.run([sys.executable, "-c", _UNKEPT_SCRIPT], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "True"
+    said = out.stderr.count("an arena per thread cannot keep a buffer over 64 MiB")
+    assert said == (1 if warns else 0), out.stderr
+    if warns:
+        assert "PT_XLA_RETAIN_HOST_MEMORY=threads, and a program has an array of 66 MiB" in out.stderr
+
+
 @pytest.fixture
 def retain_host_memory(monkeypatch):
     """Sets PT_XLA_RETAIN_HOST_MEMORY (None: unset) for the test's reads of it."""

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from typing import Iterable, Optional, Tuple
 
 import numpy as np
 import torch
 
-from .. import env_vars
+from .. import env_vars, ir
 from . import cpu_blas, host_memory
 from .base import ALL_PRODUCTS, LONG_REDUCTIONS, NO_PRODUCTS, Policy
 
@@ -19,6 +20,7 @@ _PIECE_OPTION = "xla_multiheap_size_constraint_per_heap"
 # whole heap; the test suite compiles thousands of small programs).
 _RELEASE_AFTER_S = 0.5
 _HOST_CPU_FLAGS: Optional[frozenset] = None
+_warned_unkept = False   # the per-thread arenas' warning of an array they cannot keep, given once
 # Tiered compilation (executor/tiers.py): the quick tier's options, and the smallest
 # program it is worth compiling twice for.
 _QUICK_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
@@ -54,6 +56,21 @@ def largest_array_bytes(module_text: str) -> int:
         itemsize = 16 if kind == "complex" else (max(1, int(bits) // 8) if bits else 8)
         largest = max(largest, math.prod(int(d) for d in dims[:-1].split("x")) * itemsize)
     return largest
+
+
+def _warn_unkept(nbytes: int) -> None:
+    global _warned_unkept
+    if _warned_unkept:
+        return
+    _warned_unkept = True
+    f = ir._user_frame()   # the user's line whose barrier compiles the program
+    site = (f.f_code.co_filename, f.f_lineno, f.f_globals.get("__name__", "__main__")) if f else (
+        "<unknown>", 0, "torch_xla")
+    warnings.warn_explicit(
+        f"torch_xla: PT_XLA_RETAIN_HOST_MEMORY=threads, and a program has an array of {nbytes / 2**20:.0f} MiB: "
+        f"an arena per thread cannot keep a buffer over {host_memory.THREAD_HEAP_BYTES >> 20} MiB, so every run "
+        "that allocates one maps and page-faults it afresh, which can make a step much slower. The default "
+        "(PT_XLA_RETAIN_HOST_MEMORY unset or 1) keeps such buffers resident.", RuntimeWarning, site[0], site[1], module=site[2])
 
 
 def prepare_process() -> None:
@@ -119,7 +136,10 @@ class CpuPolicy(Policy):
             text = lowered.as_text()
         except Exception:  # noqa: BLE001  (a module jax cannot print: the pieces alone)
             return {_PIECE_OPTION: piece}
-        return {_PIECE_OPTION: max(piece, largest_array_bytes(text))}
+        largest = largest_array_bytes(text)
+        if largest > host_memory.THREAD_HEAP_BYTES:
+            _warn_unkept(largest)
+        return {_PIECE_OPTION: max(piece, largest)}
 
     def library_products(self) -> str:
         # PyTorch's BLAS for float32 products (platform/cpu_blas.py). Without AVX-512 it

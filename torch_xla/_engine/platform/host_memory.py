@@ -31,8 +31,8 @@ their temporary buffer cut into pieces of at most `TEMP_PIECE_BYTES` (XLA's
 `xla_multiheap_size_constraint_per_heap`), each of which fits a non-main arena's 64 MiB
 heap, and a top pad keeps an emptied heap mapped for the next step. A single buffer over
 64 MiB is still mapped afresh at every step there (a decoder at batch 16 x 512 took 1.45x
-as long a step), which is why one arena stays the default (BENCHMARKS.md, issue 35,
-twelfth session). `PT_XLA_RETAIN_HOST_MEMORY=0` leaves the C allocator as it is.
+as long a step; the first program with an array over 64 MiB warns of it once), which is
+why one arena stays the default (BENCHMARKS.md, issue 35, twelfth session). `PT_XLA_RETAIN_HOST_MEMORY=0` leaves the C allocator as it is.
 """
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ LARGE_TEMP_BYTES = 64 << 20
 # Per-thread arenas: the largest piece of a temporary buffer (a non-main arena's heap
 # holds at most 64 MiB, its header included), and the top pad that keeps an emptied heap.
 TEMP_PIECE_BYTES = 32 << 20
+THREAD_HEAP_BYTES = 64 << 20   # glibc's HEAP_MAX_SIZE on 64-bit: larger requests are mmapped
 _TOP_PAD_BYTES = 64 << 20
 ONE_ARENA, PER_THREAD, OFF = "one arena", "per thread", "off"
 # XLA frees the temporary buffer a few ms after the outputs are ready (BENCHMARKS.md, as
