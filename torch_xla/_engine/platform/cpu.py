@@ -70,7 +70,8 @@ def _warn_unkept(nbytes: int) -> None:
         f"torch_xla: PT_XLA_RETAIN_HOST_MEMORY=threads, and a program has an array of {nbytes / 2**20:.0f} MiB: "
         f"an arena per thread cannot keep a buffer over {host_memory.THREAD_HEAP_BYTES >> 20} MiB, so every run "
         "that allocates one maps and page-faults it afresh, which can make a step much slower. The default "
-        "(PT_XLA_RETAIN_HOST_MEMORY unset or 1) keeps such buffers resident.", RuntimeWarning, site[0], site[1], module=site[2])
+        "(PT_XLA_RETAIN_HOST_MEMORY unset or 1) keeps such buffers resident.",
+        RuntimeWarning, site[0], site[1], module=site[2])
 
 
 def prepare_process() -> None:

@@ -32,7 +32,8 @@ their temporary buffer cut into pieces of at most `TEMP_PIECE_BYTES` (XLA's
 heap, and a top pad keeps an emptied heap mapped for the next step. A single buffer over
 64 MiB is still mapped afresh at every step there (a decoder at batch 16 x 512 took 1.45x
 as long a step; the first program with an array over 64 MiB warns of it once), which is
-why one arena stays the default (BENCHMARKS.md, issue 35, twelfth session). `PT_XLA_RETAIN_HOST_MEMORY=0` leaves the C allocator as it is.
+why one arena stays the default (BENCHMARKS.md, issue 35, twelfth session).
+`PT_XLA_RETAIN_HOST_MEMORY=0` leaves the C allocator as it is.
 """
 from __future__ import annotations
 
