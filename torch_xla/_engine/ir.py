@@ -313,6 +313,15 @@ def _user_frame():
     return f
 
 
+def user_site() -> Tuple[str, int, str]:
+    """(file, line, module name) of the innermost frame outside torch_xla, torch and
+    generated kernels: where a warning about the user's code points."""
+    f = _user_frame()
+    if f is None:
+        return "<unknown>", 0, "torch_xla"
+    return f.f_code.co_filename, f.f_lineno, f.f_globals.get("__name__", "__main__")
+
+
 def user_line() -> str:
     """`file:line` of the innermost frame outside torch_xla, torch and generated kernels."""
     f = _user_frame()

@@ -47,12 +47,8 @@ def to_device(t: torch.Tensor, op_name: str) -> XlaState:
 
 
 def _warn(t: torch.Tensor, op_name: str) -> None:
-    f = ir._user_frame()
-    if f is None:
-        site, module, registry = ("<unknown>", 0), "torch_xla", None
-    else:
-        site = (f.f_code.co_filename, f.f_lineno)
-        module, registry = f.f_globals.get("__name__", "__main__"), None
+    filename, lineno, module = ir.user_site()
+    site = (filename, lineno)
     if site in _warned:
         return
     _warned.add(site)
@@ -61,4 +57,4 @@ def _warn(t: torch.Tensor, op_name: str) -> None:
         f"{op_name}: an operand is a CPU tensor ({t.dtype}[{shape}]) while the others are on the xla "
         f"device; it is copied to the device at every call of {site[0]}:{site[1]}. Move it there "
         f"once (`.to('xla')`), or set XLA_CPU_OPERAND=error to make this PyTorch's same-device error.",
-        UserWarning, site[0], site[1], module=module, registry=registry)
+        UserWarning, filename, lineno, module=module)

@@ -63,15 +63,13 @@ def _warn_unkept(nbytes: int) -> None:
     if _warned_unkept:
         return
     _warned_unkept = True
-    f = ir._user_frame()   # the user's line whose barrier compiles the program
-    site = (f.f_code.co_filename, f.f_lineno, f.f_globals.get("__name__", "__main__")) if f else (
-        "<unknown>", 0, "torch_xla")
+    filename, lineno, module = ir.user_site()   # the line whose barrier compiles the program
     warnings.warn_explicit(
         f"torch_xla: PT_XLA_RETAIN_HOST_MEMORY=threads, and a program has an array of {nbytes / 2**20:.0f} MiB: "
         f"an arena per thread cannot keep a buffer over {host_memory.THREAD_HEAP_BYTES >> 20} MiB, so every run "
         "that allocates one maps and page-faults it afresh, which can make a step much slower. The default "
         "(PT_XLA_RETAIN_HOST_MEMORY unset or 1) keeps such buffers resident.",
-        RuntimeWarning, site[0], site[1], module=site[2])
+        RuntimeWarning, filename, lineno, module=module)
 
 
 def prepare_process() -> None:

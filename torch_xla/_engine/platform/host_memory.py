@@ -50,7 +50,7 @@ LARGE_TEMP_BYTES = 64 << 20
 # holds at most 64 MiB, its header included), and the top pad that keeps an emptied heap.
 TEMP_PIECE_BYTES = 32 << 20
 THREAD_HEAP_BYTES = 64 << 20   # glibc's HEAP_MAX_SIZE on 64-bit: larger requests are mmapped
-_TOP_PAD_BYTES = 64 << 20
+_TOP_PAD_BYTES = THREAD_HEAP_BYTES
 ONE_ARENA, PER_THREAD, OFF = "one arena", "per thread", "off"
 # XLA frees the temporary buffer a few ms after the outputs are ready (BENCHMARKS.md, as
 # above); past this the dispatch goes ahead rather than stall.
